@@ -1,0 +1,95 @@
+"""What a job's driver reports to the control plane (`POST /v1/jobs/{id}/report`).
+
+Defined here, in the lowest layer that produces it; the service and API import these models.
+Every item carries the driver's own sequence number (1, 2, 3, ... per job, never reused, also
+across driver-side retries): the server applies each item at most once, so re-sending a batch
+after a timeout is always safe.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobState(StrEnum):
+    QUEUED = "QUEUED"
+    PLACING = "PLACING"
+    RUNNING = "RUNNING"
+    RETRYING = "RETRYING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=True)
+
+
+class RankPlacement(_Wire):
+    """Where one ring rank runs. `device` is e.g. "cuda:0" or "cpu"."""
+
+    rank: int = Field(ge=0)
+    node_id: str
+    node_ip: str | None = None
+    device: str
+    ring: int = Field(0, ge=0, description="data-parallel replica this rank's ring belongs to")
+
+
+class MetricPoint(_Wire):
+    """One value of one metric at one step. `rank` is set for per-rank metrics (mem_peak_bytes)."""
+
+    step: int = Field(ge=0)
+    name: str = Field(min_length=1, max_length=200)
+    value: float
+    rank: int | None = Field(None, ge=0)
+    time: float = Field(description="unix seconds when measured")
+
+
+class MetricItem(MetricPoint):
+    type: Literal["metric"] = "metric"
+    seq: int = Field(ge=1)
+
+
+class StateItem(_Wire):
+    """A state change. On RETRYING, `resume_step` tells the server to supersede points after it."""
+
+    type: Literal["state"] = "state"
+    seq: int = Field(ge=1)
+    state: JobState
+    reason: str = Field("", max_length=4000)
+    time: float
+    placement: list[RankPlacement] | None = None
+    resume_step: int | None = Field(None, ge=0)
+    error: str | None = Field(None, max_length=20000)
+    metadata: dict[str, str | int | float | bool] | None = None
+
+
+class LogItem(_Wire):
+    type: Literal["log"] = "log"
+    seq: int = Field(ge=1)
+    time: float
+    source: str = Field("driver", max_length=100, description="driver or rank-N")
+    line: str = Field(max_length=20000)
+
+
+ReportItem = Annotated[MetricItem | StateItem | LogItem, Field(discriminator="type")]
+
+
+class ReportBatch(_Wire):
+    items: list[ReportItem] = Field(max_length=10000)
+
+
+class ReportAck(BaseModel):
+    """The highest driver sequence number the server has durably applied."""
+
+    acked_seq: int
