@@ -1,0 +1,79 @@
+"""The seam between the control plane and the cluster: how a job's driver is started and watched.
+
+`service.ray_jobs.RayJobLauncher` implements it with Ray's Job Submission API. The store and the API
+only know this protocol, so the lifecycle code reads the same whatever runs the drivers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from workers.config import JobSpec
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a driver needs. `ingest_token` authenticates its reports; never a user's API token."""
+
+    job_id: str
+    spec: JobSpec
+    control_url: str
+    ingest_token: str
+    checkpoint_dir: str
+    attempt: int = 0
+    placement_timeout_s: float = 600.0
+
+
+class DriverStatus(StrEnum):
+    """Ray's job status, verbatim (infrastructure view of a driver)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"  # the submission id is not known to the cluster (e.g. the head was replaced)
+
+    @property
+    def finished(self) -> bool:
+        return self in (DriverStatus.STOPPED, DriverStatus.SUCCEEDED, DriverStatus.FAILED, DriverStatus.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    status: DriverStatus
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    ip: str
+    alive: bool
+    cpus_total: float
+    cpus_free: float
+    gpus_total: float
+    gpus_free: float
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    nodes: list[NodeInfo] = field(default_factory=list)
+
+
+class Launcher(Protocol):
+    def submit(self, req: LaunchRequest) -> str:
+        """Start the job's driver; returns its submission id. Same (job_id, attempt) → same id."""
+        ...
+
+    def stop(self, submission_id: str) -> None:
+        """Ask the driver to stop (SIGTERM, then kill). Idempotent; unknown ids are ignored."""
+        ...
+
+    def status(self, submission_id: str) -> DriverInfo: ...
+
+    def logs(self, submission_id: str) -> str: ...
+
+    def cluster(self) -> ClusterInfo: ...
