@@ -1,0 +1,39 @@
+"""Training data: byte tokenizer, passkey synthetic task, local text corpora.
+
+`build_source(spec)` returns an object with `global_batch(step, batch_size) -> Batch` whose result
+depends only on the data spec, the seed and the step — never on how ranks are laid out.
+"""
+
+from __future__ import annotations
+
+from workers.config import JobSpec
+from workers.data.batch import Batch, from_windows, take_shard
+from workers.data.passkey import PasskeySample, PasskeySource, make_sample, sample_generator
+from workers.data.text import TextSource, load_corpus
+from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer
+
+DataSource = PasskeySource | TextSource
+
+
+def build_source(spec: JobSpec) -> DataSource:
+    d, seed = spec.data, spec.train.seed
+    if d.kind == "passkey":
+        return PasskeySource(d.seq_len, d.key_digits, d.depth, d.answer_weight, seed)
+    return TextSource(d.path, d.seq_len, seed, d.text_field)
+
+
+__all__ = [
+    "VOCAB_SIZE",
+    "Batch",
+    "ByteTokenizer",
+    "DataSource",
+    "PasskeySample",
+    "PasskeySource",
+    "TextSource",
+    "build_source",
+    "from_windows",
+    "load_corpus",
+    "make_sample",
+    "sample_generator",
+    "take_shard",
+]

@@ -1,0 +1,97 @@
+"""Passkey retrieval: a random numeric key hidden at a chosen depth in filler text, asked for at the end.
+
+Layout of one sample (exactly seq_len + 1 bytes, so it yields seq_len inputs and seq_len labels):
+
+    INTRO  filler[:a]  NEEDLE(key)  filler[a:]  QUESTION  key
+
+`depth` is the needle's relative position inside the haystack (0 = right after the intro, 1 = just
+before the question). The answer bytes (the key after the question) are the last labels; their
+loss weight is `answer_weight`, every other label weighs 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.data.batch import Batch, from_windows
+from workers.data.tokenizer import ByteTokenizer
+
+INTRO = "There is an important pass key hidden inside a lot of irrelevant text. Find it and remember it. "
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
+QUESTION = "What is the pass key? The pass key is "
+
+_TOK = ByteTokenizer()
+
+
+@dataclass(frozen=True)
+class PasskeySample:
+    tokens: torch.Tensor  # [seq_len + 1] int64
+    weights: torch.Tensor  # [seq_len] float32, per label
+    key: str
+    needle_start: int  # byte offset of the needle
+    answer_start: int  # label index of the first answer byte
+
+
+def make_sample(
+    seq_len: int, key_digits: int, depth: float | None, generator: torch.Generator, answer_weight: float = 1.0
+) -> PasskeySample:
+    """One sample; all randomness (key, and depth when None) comes from `generator`."""
+    first = int(torch.randint(1, 10, (1,), generator=generator))  # no leading zero: the key has key_digits digits
+    rest = torch.randint(0, 10, (key_digits - 1,), generator=generator).tolist()
+    key = str(first) + "".join(map(str, rest))
+    if depth is None:
+        depth = float(torch.rand((), generator=generator))
+    intro, needle, question, answer = (_TOK.encode(s) for s in (INTRO, NEEDLE.format(key=key), QUESTION, key))
+    total = seq_len + 1
+    haystack = total - len(intro) - len(needle) - len(question) - len(answer)
+    if haystack < 0:
+        # Very short contexts: drop the intro rather than fail (the spec already bounds seq_len).
+        intro = []
+        haystack = total - len(needle) - len(question) - len(answer)
+        if haystack < 0:
+            raise ValueError(f"seq_len {seq_len} is too short for a {key_digits}-digit passkey")
+    filler = _TOK.encode(FILLER * (haystack // len(FILLER) + 1))[:haystack]
+    cut = round(depth * haystack)
+    ids = intro + filler[:cut] + needle + filler[cut:] + question + answer
+    tokens = torch.tensor(ids, dtype=torch.long)
+    weights = torch.ones(seq_len, dtype=torch.float32)
+    answer_start = seq_len - len(answer)  # label j predicts tokens[j + 1]
+    weights[answer_start:] = answer_weight
+    return PasskeySample(tokens, weights, key, len(intro) + cut, answer_start)
+
+
+def sample_generator(seed: int, *stream: int) -> torch.Generator:
+    """A generator whose state depends only on (seed, *stream): e.g. (seed, step, index)."""
+    g = torch.Generator()
+    mixed = seed & 0xFFFFFFFFFFFF
+    for s in stream:
+        mixed = (mixed * 1_000_003 + s + 0x9E3779B9) % (2**61 - 1)
+    g.manual_seed(mixed)
+    return g
+
+
+class PasskeySource:
+    """Endless passkey batches: sample i of step s is drawn from its own generator (seed, s, i)."""
+
+    def __init__(self, seq_len: int, key_digits: int, depth: float | None, answer_weight: float, seed: int) -> None:
+        self.seq_len, self.key_digits, self.depth = seq_len, key_digits, depth
+        self.answer_weight, self.seed = answer_weight, seed
+
+    def global_batch(self, step: int, batch_size: int) -> Batch:
+        samples = [
+            make_sample(
+                self.seq_len, self.key_digits, self.depth, sample_generator(self.seed, step, i), self.answer_weight
+            )
+            for i in range(batch_size)
+        ]
+        return from_windows(torch.stack([s.tokens for s in samples]), torch.stack([s.weights for s in samples]))
+
+    def state_dict(self) -> dict:
+        return {"kind": "passkey", "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed") != self.seed:
+            raise ValueError(f"checkpoint data seed {state.get('seed')} != spec seed {self.seed}")

@@ -1,0 +1,174 @@
+"""Llama-style decoder whose attention is exact ring attention over a sequence-parallel group.
+
+Everything except attention is pointwise in the sequence, so it runs unchanged on a rank's shard;
+only RoPE needs to know where the shard's tokens sit in the global sequence (`positions`). Which
+ring (process group, layout) the model runs on is set from outside with `set_sequence_parallel`,
+so the same module trains single-process or on any ring without rebuilding it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from workers import attention
+from workers.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class SequenceParallel:
+    """The ring a model's attention runs on. `group=None` with torch.distributed off is a ring of one."""
+
+    group: dist.ProcessGroup | None
+    layout: str = "zigzag"
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()  # normalise in fp32 even under bf16 autocast
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [seq, head_dim/2] (fp32) for the given *global* position ids."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on [batch, seq, heads, head_dim]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """GQA: K/V keep their own (smaller) head count all the way into ring_attention."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sp: SequenceParallel | None
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(b, s, self.kv_heads, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, s, self.kv_heads, self.head_dim)
+        if sp is None:  # no sequence parallelism: the whole sequence is local
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            ).transpose(1, 2)
+        else:
+            out = attention.ring_attention(q, k, v, causal=True, layout=sp.layout, group=sp.group)
+        return self.wo(out.reshape(b, s, self.n_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)
+        self.w_down = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sp: SequenceParallel | None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, sp)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    """tokens [batch, seq_local] + global positions [seq_local] → logits [batch, seq_local, vocab] (fp32)."""
+
+    def __init__(self, cfg: ModelConfig, activation_checkpointing: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.activation_checkpointing = activation_checkpointing
+        self.sp: SequenceParallel | None = None
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        # Tied: the head *is* the embedding matrix (no second parameter, so safetensors sees no aliasing).
+        self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def set_sequence_parallel(self, sp: SequenceParallel | None) -> None:
+        """Run attention on this ring from now on (None: plain local attention)."""
+        self.sp = sp
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator) -> None:
+        """GPT-2/Llama-style init from an explicit generator, so every rank builds identical weights."""
+        std = 0.02
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)  # residual-branch outputs
+        for name, p in self.named_parameters():
+            if p.ndim < 2:
+                p.fill_(1.0)  # norm gains
+            else:
+                p.normal_(0.0, out_std if name.endswith(("wo.weight", "w_down.weight")) else std, generator=generator)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = rope_tables(positions.to(tokens.device), self.cfg.head_dim, self.cfg.rope_theta)
+        x = self.tok_emb(tokens)
+        for layer in self.layers:
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, self.sp, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, self.sp)
+        x = self.norm(x)
+        weight = self.tok_emb.weight if self.head is None else self.head.weight
+        return F.linear(x, weight).float()
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy [batch, seq] in fp32 (no reduction: the caller forms the global mean)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view(labels.shape)
+
+
+def build_model(cfg: ModelConfig, seed: int, activation_checkpointing: bool = False) -> Transformer:
+    """Build and initialise on CPU in fp32 (identical on every rank and device type); move it yourself."""
+    model = Transformer(cfg, activation_checkpointing)
+    model.init_weights(torch.Generator().manual_seed(seed))
+    return model
+
+
+def attention_backend(device: torch.device) -> str:
+    """Name of the ring attention block kernel, as reported by workers.attention when it says."""
+    for name in ("backend_name", "active_backend", "get_backend"):
+        fn = getattr(attention, name, None)
+        if callable(fn):
+            try:
+                return str(fn(device))
+            except TypeError:
+                return str(fn())
+    return "torch-sdpa-cuda" if device.type == "cuda" else "torch-sdpa-cpu"
