@@ -1,0 +1,113 @@
+"""The FastAPI application factory: `create_app(settings, launcher=None)`."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.staticfiles import StaticFiles
+
+from api import errors
+from api.body import YAML_TYPES, BodyLimitMiddleware
+from api.deps import AppContext
+from api.routers import cluster, events, health, jobs, reports
+from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
+from service.controller import Controller
+from service.db import make_engine, migrate
+from service.hub import Hub
+from service.launcher import ClusterInfo, DriverInfo, Launcher, LaunchRequest
+from service.settings import Settings, ensure_tokens
+from service.store import Store
+from workers.config import JobSpec
+
+log = logging.getLogger("ringtrain.api")
+
+
+class NoClusterLauncher:
+    """Used when no Ray address is configured: every call explains how to configure one."""
+
+    MESSAGE = "no Ray cluster configured: set RINGTRAIN_RAY_ADDRESS, or use `ringtrain serve` (starts a local head)"
+
+    def submit(self, req: LaunchRequest) -> str:
+        raise RuntimeError(self.MESSAGE)
+
+    def stop(self, submission_id: str) -> None:
+        return None
+
+    def status(self, submission_id: str) -> DriverInfo:
+        raise RuntimeError(self.MESSAGE)
+
+    def logs(self, submission_id: str) -> str:
+        raise RuntimeError(self.MESSAGE)
+
+    def cluster(self) -> ClusterInfo:
+        raise RuntimeError(self.MESSAGE)
+
+
+def default_launcher(settings: Settings) -> Launcher:
+    if not settings.ray_address:
+        return NoClusterLauncher()
+    from service.ray_jobs import RayJobLauncher
+
+    return RayJobLauncher(settings.ray_address)
+
+
+def create_app(settings: Settings | None = None, launcher: Launcher | None = None) -> FastAPI:
+    settings = settings or Settings()
+    setup_logging(settings.log_level)
+    tokens = ensure_tokens(settings)
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    hub = Hub()
+    store = Store(engine, on_events=hub.publish)
+    launcher = launcher or default_launcher(settings)
+    controller = Controller(settings, store, launcher)
+    telemetry = Telemetry(store)
+    ctx = AppContext(settings=settings, store=store, hub=hub, launcher=launcher, controller=controller,
+                     tokens=tokens, telemetry=telemetry)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        controller.start()
+        log.info("control plane up; drivers report to %s", settings.control_url)
+        try:
+            yield
+        finally:
+            await controller.stop()
+            engine.dispose()
+
+    app = FastAPI(title="ringtrain", version="0.1.0", lifespan=lifespan,
+                  description="Long-context training jobs with exact ring attention on Ray.")
+    app.state.ctx = ctx
+    errors.install(app)
+    for r in (jobs.router, events.router, reports.router, cluster.router, health.router):
+        app.include_router(r)
+    app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       max_report_bytes=settings.max_report_bytes)
+    app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The generated schema, plus the JobSpec request body (JSON or YAML) of the routes that parse it."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    js = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    comps.update(js.pop("$defs", {}))
+    comps["JobSpec"] = js
+    ref = {"$ref": "#/components/schemas/JobSpec"}
+    for ops in schema.get("paths", {}).values():
+        for op in ops.values():
+            if isinstance(op, dict) and op.pop("x-jobspec-body", False):
+                content = {"application/json": {"schema": ref}}
+                content.update({t: {"schema": ref} for t in sorted(YAML_TYPES) if t == "application/yaml"})
+                op["requestBody"] = {"required": True, "content": content}
+    app.openapi_schema = schema
+    return schema

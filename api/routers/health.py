@@ -1,0 +1,58 @@
+"""Open routes: liveness, readiness, Prometheus metrics and the dashboard page."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from api.deps import Ctx
+from api.errors import error_body
+
+router = APIRouter(tags=["health"])
+STATIC = Path(__file__).resolve().parent.parent / "static"
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "store or Ray unreachable"}})
+async def readyz(ctx: Ctx) -> JSONResponse:
+    """Ready when the job store answers and the Ray cluster is reachable."""
+    checks: dict[str, str] = {}
+    try:
+        await asyncio.wait_for(asyncio.to_thread(ctx.store.ping), timeout=5)
+        checks["store"] = "ok"
+    except Exception as e:
+        checks["store"] = f"{type(e).__name__}: {str(e)[:200]}"
+    try:
+        await ctx.cluster(max_age_s=2.0)
+        checks["ray"] = "ok"
+    except Exception as e:
+        checks["ray"] = f"{type(e).__name__}: {str(e)[:200]}"
+    bad = {k: v for k, v in checks.items() if v != "ok"}
+    if bad:
+        return JSONResponse(error_body("not_ready", "not ready: " + ", ".join(f"{k} ({v})" for k, v in bad.items()),
+                                       details=[{"component": k, "message": v} for k, v in bad.items()]),
+                            status_code=503)
+    return JSONResponse({"status": "ready", **checks})
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(ctx: Ctx) -> Response:
+    return Response(generate_latest(ctx.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/", include_in_schema=False)
+def index() -> Response:
+    page = STATIC / "index.html"
+    if page.is_file():
+        return FileResponse(page, media_type="text/html")
+    return HTMLResponse("<!doctype html><title>ringtrain</title><h1>ringtrain</h1>"
+                        "<p>The dashboard is not installed. The API is documented at <a href='/docs'>/docs</a>.</p>")

@@ -1,0 +1,126 @@
+"""/v1/jobs: create, list, read, cancel, metric points and logs."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from api.body import check_data_path, parse_spec
+from api.deps import AppContext, Ctx, Owner
+from api.errors import ApiError
+from api.schemas import ErrorResponse, JobList, JobOut, LogOut, LogPage, MetricOut, MetricPage
+from service.planner import plan
+from workers.config import JobSpec
+from workers.reports import JobState
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="job id")]
+Seq = Annotated[int, Query(ge=0, le=2**62, description="only entries with seq greater than this")]
+ERRORS = {401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
+SPEC_BODY = {"x-jobspec-body": True}
+
+
+async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> None:
+    """Reject a job the whole cluster can never hold (a cluster we cannot read is not checked here)."""
+    try:
+        cluster = await ctx.cluster()
+    except Exception:
+        return
+    if not cluster.nodes:
+        return
+    p = plan(spec, cluster)
+    if not p.fits and any("can never be placed" in w for w in p.warnings):
+        raise ApiError(422, p.warnings[0], field="parallel.ring_size")
+
+
+@router.post("", status_code=201, response_model=JobOut, openapi_extra=SPEC_BODY,
+             responses={**ERRORS, 400: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
+                        415: {"model": ErrorResponse}})
+async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owner) -> JobOut:
+    """Create a job from a spec (JSON, or YAML with `Content-Type: application/yaml`). It starts QUEUED."""
+    spec = parse_spec(await request.body(), request.headers.get("content-type"))
+    check_data_path(spec, ctx.settings.resolved_data_roots())
+    await check_against_cluster(ctx, spec)
+    # the ingest token the driver uses is (re)generated when the job is handed to the launcher
+    job = await asyncio.to_thread(ctx.store.create_job, owner, spec, secrets.token_urlsafe(32))
+    ctx.controller.wake()
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    transitions = await asyncio.to_thread(ctx.store.transitions, job.id)
+    return JobOut.of(job, transitions)
+
+
+@router.get("", response_model=JobList, responses=ERRORS)
+def list_jobs(
+    ctx: Ctx,
+    owner: Owner,
+    state: Annotated[list[JobState] | None, Query(description="repeat to match several states")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+) -> JobList:
+    """Your jobs, newest first."""
+    jobs, total = ctx.store.list_jobs(owner, [s.value for s in state or []], limit, offset)
+    return JobList(jobs=[JobOut.of(j) for j in jobs], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
+def get_job(job_id: JobId, ctx: Ctx, owner: Owner) -> JobOut:
+    """State, spec, placement, progress, latest metrics, error and the full transition history."""
+    job = ctx.store.get_job(job_id, owner)
+    return JobOut.of(job, ctx.store.transitions(job_id))
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut, responses=ERRORS)
+async def cancel_job(job_id: JobId, ctx: Ctx, owner: Owner) -> JobOut:
+    """Ask the job to stop. Idempotent: cancelling a finished job changes nothing."""
+    await ctx.controller.cancel(job_id, owner)
+    job = await asyncio.to_thread(ctx.store.get_job, job_id, owner)
+    return JobOut.of(job, await asyncio.to_thread(ctx.store.transitions, job_id))
+
+
+@router.get("/{job_id}/metrics", response_model=MetricPage, responses=ERRORS)
+def job_metrics(
+    job_id: JobId,
+    ctx: Ctx,
+    owner: Owner,
+    after: Seq = 0,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    name: Annotated[list[str] | None, Query(max_length=50, description="only these metric names")] = None,
+) -> MetricPage:
+    """Metric points in seq order. Page with `after=<next_after>` while `has_more`."""
+    ctx.store.get_job(job_id, owner)
+    names = [n[:200] for n in name] if name else None
+    rows = ctx.store.metrics(job_id, after, limit + 1, names)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return MetricPage(job_id=job_id, points=[MetricOut.of(p) for p in rows],
+                      next_after=rows[-1].seq if rows else after, has_more=more)
+
+
+@router.get("/{job_id}/logs", response_model=LogPage, responses=ERRORS)
+async def job_logs(
+    job_id: JobId,
+    ctx: Ctx,
+    owner: Owner,
+    after: Seq = 0,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    driver: Annotated[bool, Query(description="include the tail of Ray's driver log")] = True,
+    tail_bytes: Annotated[int, Query(ge=0, le=1 << 22)] = 65536,
+) -> LogPage:
+    """Log lines the driver reported (driver and ranks), plus the tail of Ray's own driver log."""
+    job = await asyncio.to_thread(ctx.store.get_job, job_id, owner)
+    rows = await asyncio.to_thread(ctx.store.logs, job_id, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    driver_log = None
+    if driver and job.submission_id:
+        try:
+            text = await asyncio.wait_for(asyncio.to_thread(ctx.launcher.logs, job.submission_id), timeout=10)
+            driver_log = text[-tail_bytes:] if tail_bytes else ""
+        except Exception:
+            driver_log = None
+    return LogPage(job_id=job_id, lines=[LogOut.of(r) for r in rows], next_after=rows[-1].seq if rows else after,
+                   has_more=more, driver_log=driver_log)

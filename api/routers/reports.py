@@ -1,0 +1,51 @@
+"""POST /v1/jobs/{id}/report: the driver's batched metric points, state changes and log lines.
+
+Authenticated by the job's ingest token only. Items with seq ≤ the stored high-water mark are ignored
+(re-sending is safe); new items apply in order in one transaction; a gap answers 409 with
+`{"acked_seq": N}` (resend from N + 1); success answers `ReportAck{acked_seq}`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.security import HTTPAuthorizationCredentials
+
+from api.deps import Ctx, bearer
+from api.errors import ApiError
+from api.routers.jobs import JobId
+from api.schemas import ErrorResponse
+from service.store import ReportGap
+from workers.reports import ReportAck, ReportBatch
+
+router = APIRouter(prefix="/v1/jobs", tags=["reports"])
+
+
+def ingest_auth(
+    job_id: JobId, ctx: Ctx, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> str:
+    if creds is None or not ctx.store.check_ingest_token(job_id, creds.credentials):
+        raise ApiError(401, "this route takes the job's ingest token (drivers only)",
+                       headers={"WWW-Authenticate": "Bearer"})
+    return job_id
+
+
+@router.post("/{job_id}/report", response_model=ReportAck,
+             responses={401: {"model": ErrorResponse}, 409: {"description": "sequence gap; body has acked_seq"},
+                        422: {"model": ErrorResponse}})
+def report(job_id: Annotated[str, Depends(ingest_auth)], batch: ReportBatch, ctx: Ctx) -> ReportAck:
+    t = ctx.telemetry
+    try:
+        res = ctx.store.apply_report(job_id, batch.items)
+    except ReportGap as g:
+        t.reports.labels("gap").inc()
+        raise ApiError(409, f"report sequence gap: the server has everything up to seq {g.acked_seq}; "
+                       f"resend from {g.acked_seq + 1}", code="sequence_gap", extra={"acked_seq": g.acked_seq}) from g
+    t.points.inc(res.points)
+    if res.applied_to is not None:
+        t.reports.labels("gap").inc()
+        raise ApiError(409, f"report sequence gap inside the batch after seq {res.applied_to}; resend from "
+                       f"{res.applied_to + 1}", code="sequence_gap", extra={"acked_seq": res.applied_to})
+    t.reports.labels("ok").inc()
+    return ReportAck(acked_seq=res.acked_seq)

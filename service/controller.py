@@ -1,0 +1,166 @@
+"""Hands queued jobs to the launcher and reconciles the cluster's view with the store.
+
+- scheduler: QUEUED jobs (and active jobs without a submission id, after a control-plane crash) are
+  submitted with a fresh per-job ingest token; Ray submission failures are retried with back-off,
+  then the job FAILS with the launcher's message.
+- reconciler: for every active job, polls `launcher.status`. A driver that ended without reporting a
+  terminal state (Ray SUCCEEDED/FAILED/STOPPED/UNKNOWN) ends the job FAILED (CANCELLED when a cancel was
+  requested) after `reconcile_grace_s`, so a final report still in flight wins. A cancel the driver
+  never confirms is forced after `cancel_grace_s`. After a restart nothing special is needed: running
+  drivers keep reporting to the same URL with their token and the reconciler picks their jobs up again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+
+from service.launcher import DriverStatus, Launcher, LaunchRequest
+from service.settings import Settings
+from service.store import JobNotFound, Store, StoreError, hash_token
+from workers.config import JobSpec
+from workers.reports import JobState
+
+log = logging.getLogger("ringtrain.controller")
+
+
+class Controller:
+    def __init__(self, settings: Settings, store: Store, launcher: Launcher) -> None:
+        self.settings = settings
+        self.store = store
+        self.launcher = launcher
+        self._wake = asyncio.Event()
+        self._ended_seen: dict[str, float] = {}
+        self._next_try: dict[str, float] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- lifecycle of the loops -----------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._loop(self.schedule_once, self.settings.scheduler_interval_s)),
+                       asyncio.create_task(self._loop(self.reconcile_once, self.settings.reconcile_interval_s))]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _loop(self, fn, interval: float) -> None:  # type: ignore[no-untyped-def]
+        while True:
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("control loop %s failed; retrying", fn.__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+            self._wake.clear()
+
+    # ---- scheduling -----------------------------------------------------------------------------
+    async def schedule_once(self) -> None:
+        now = time.time()
+        for job in await asyncio.to_thread(self.store.active_jobs):
+            if job.submission_id is not None or job.cancel_requested:
+                continue
+            if self._next_try.get(job.id, 0.0) > now:
+                continue
+            await self._submit(job.id, JobSpec.model_validate(job.spec), job.attempt)
+
+    async def _submit(self, job_id: str, spec: JobSpec, attempt: int) -> None:
+        token = secrets.token_urlsafe(32)
+        await asyncio.to_thread(self._rotate_token, job_id, token)
+        req = LaunchRequest(job_id=job_id, spec=spec, control_url=self.settings.control_url, ingest_token=token,
+                            checkpoint_dir=self.settings.checkpoint_dir, attempt=attempt,
+                            placement_timeout_s=self.settings.placement_timeout_s)
+        try:
+            sid = await asyncio.to_thread(self.launcher.submit, req)
+        except Exception as e:  # Ray unreachable, rejected entrypoint, ...
+            n = await asyncio.to_thread(self.store.record_submit_failure, job_id)
+            msg = f"could not submit the driver to Ray: {type(e).__name__}: {e}"
+            log.warning("job %s: %s (try %d of %d)", job_id, msg, n, self.settings.submit_attempts)
+            if n >= self.settings.submit_attempts:
+                await asyncio.to_thread(self.store.transition, job_id, JobState.FAILED,
+                                        f"{msg} (gave up after {n} tries)")
+            else:
+                self._next_try[job_id] = time.time() + min(30.0, 2.0**n)
+            return
+        self._next_try.pop(job_id, None)
+        job = await asyncio.to_thread(self.store.set_submission, job_id, sid)
+        log.info("job %s: driver submitted as %s", job_id, sid)
+        if job.cancel_requested or JobState(job.state).terminal:
+            await asyncio.to_thread(self.launcher.stop, sid)
+            return
+        await asyncio.to_thread(self.store.transition, job_id, JobState.PLACING,
+                                f"driver submitted to Ray (submission {sid})", only_from={JobState.QUEUED})
+
+    def _rotate_token(self, job_id: str, token: str) -> None:
+        self.store.set_ingest_token_hash(job_id, hash_token(token))
+
+    # ---- cancel ---------------------------------------------------------------------------------
+    async def cancel(self, job_id: str, owner: str | None) -> None:
+        await asyncio.to_thread(self.store.get_job, job_id, owner)  # raises JobNotFound
+        job = await asyncio.to_thread(self.store.request_cancel, job_id)
+        if job.submission_id and not JobState(job.state).terminal:
+            try:
+                await asyncio.to_thread(self.launcher.stop, job.submission_id)
+            except Exception as e:
+                log.warning("job %s: stop failed (%s); the reconciler will retry", job_id, e)
+
+    # ---- reconciliation -------------------------------------------------------------------------
+    async def reconcile_once(self) -> None:
+        now = time.time()
+        active = await asyncio.to_thread(self.store.active_jobs)
+        alive = {j.id for j in active}
+        for jid in list(self._ended_seen):
+            if jid not in alive:
+                del self._ended_seen[jid]
+        for job in active:
+            if job.submission_id is None:
+                continue
+            try:
+                info = await asyncio.to_thread(self.launcher.status, job.submission_id)
+            except Exception as e:
+                log.warning("job %s: cannot read driver status (%s)", job.id, e)
+                continue
+            if job.cancel_requested and job.cancel_requested_at and now - job.cancel_requested_at > \
+                    self.settings.cancel_grace_s:
+                await self._end(job.id, JobState.CANCELLED,
+                                f"cancel requested; the driver did not confirm within {self.settings.cancel_grace_s:g}s"
+                                f" (Ray status {info.status})")
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.launcher.stop, job.submission_id)
+                continue
+            if not info.status.finished:
+                self._ended_seen.pop(job.id, None)
+                continue
+            first = self._ended_seen.setdefault(job.id, now)
+            if now - first < self.settings.reconcile_grace_s:
+                continue
+            detail = f": {info.message}" if info.message else ""
+            if job.cancel_requested:
+                await self._end(job.id, JobState.CANCELLED, f"cancelled; driver ended (Ray status {info.status})")
+            elif info.status == DriverStatus.UNKNOWN:
+                await self._end(job.id, JobState.FAILED, f"Ray does not know driver {job.submission_id} "
+                                f"(the cluster was replaced or the job expired){detail}")
+            else:
+                await self._end(job.id, JobState.FAILED, f"the driver ended without reporting a final state "
+                                f"(Ray status {info.status}{detail})")
+
+    async def _end(self, job_id: str, to: JobState, reason: str) -> None:
+        try:
+            done = await asyncio.to_thread(self.store.transition, job_id, to, reason)
+        except (JobNotFound, StoreError) as e:
+            log.warning("job %s: could not end (%s)", job_id, e)
+            return
+        if done:
+            log.info("job %s: %s (%s)", job_id, to, reason)
+        self._ended_seen.pop(job_id, None)

@@ -1,0 +1,151 @@
+"""Dry-run planning of a job spec against a cluster snapshot: placement preview and memory estimate.
+
+Nothing is reserved. The placement simulation mirrors what the driver does (SPEC §4): one bundle per
+rank; STRICT_PACK when the whole job fits one node, else PACK (fill the nodes with the most free
+capacity first); ranks are then ordered node by node, device id ascending, and the number of ring
+edges that cross a node boundary is counted per ring.
+
+Memory per rank (bytes, fp32 everywhere — an upper bound for bf16 runs):
+
+    params      = 4·P                                   (P = parameter count, replicated on every rank)
+    grads       = 4·P
+    adamw       = 8·P                                   (exp_avg + exp_avg_sq)
+    activations = 4·b·t·[L·(6·d + 2·d_kv + 3·f + h) + 2·V]          without activation checkpointing
+                  4·b·t·[L·d + (6·d + 2·d_kv + 3·f + h) + 2·V]      with activation checkpointing
+    ring_buffers= 4·b·t·2·d_kv·2                        (K and V blocks: the one computed + the one in flight)
+
+with b = batch_size / data_parallel sequences, t = seq_len / ring_size local tokens, L layers, d = d_model,
+d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads (log-sum-exp per head), V = vocab (logits and
+their gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.launcher import ClusterInfo, NodeInfo
+from workers.config import JobSpec
+
+
+@dataclass
+class RankSlot:
+    rank: int
+    ring: int
+    node_id: str
+    device: str
+
+
+@dataclass
+class Plan:
+    fits: bool
+    accelerator: str
+    strategy: str
+    world_size: int
+    bundle: dict[str, float]
+    placement: list[RankSlot] = field(default_factory=list)
+    node_crossings: int = 0
+    nodes_used: int = 0
+    memory: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def param_count(spec: JobSpec) -> int:
+    m = spec.model
+    d, kvd, f = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden
+    per_layer = 2 * d * d + 2 * d * kvd + 3 * d * f + 2 * d
+    emb = m.vocab_size * d * (1 if m.tie_embeddings else 2)
+    return m.n_layers * per_layer + emb + d
+
+
+def memory_estimate(spec: JobSpec) -> dict[str, Any]:
+    m, p = spec.model, spec.parallel
+    P = param_count(spec)
+    b = spec.train.batch_size // p.data_parallel
+    t = spec.data.seq_len // p.ring_size
+    d, kvd, f, h, V, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.vocab_size, m.n_layers
+    per_layer = 6 * d + 2 * kvd + 3 * f + h
+    if spec.train.activation_checkpointing:
+        act = 4 * b * t * (L * d + per_layer + 2 * V)
+    else:
+        act = 4 * b * t * (L * per_layer + 2 * V)
+    ring = 4 * b * t * 2 * kvd * 2
+    parts = {"params": 4 * P, "grads": 4 * P, "adamw": 8 * P, "activations": act, "ring_buffers": ring}
+    return {
+        "param_count": P,
+        "local_tokens": t,
+        "local_batch": b,
+        "bytes": parts,
+        "total_bytes": sum(parts.values()),
+        "formula": "4·P (params) + 4·P (grads) + 8·P (AdamW) + 4·b·t·[L·(6d + 2d_kv + 3f + h) + 2V] (activations; "
+        "L·d + one layer with activation checkpointing) + 16·b·t·d_kv (ring K/V buffers); fp32, "
+        "b = batch/data_parallel, t = seq_len/ring_size",
+    }
+
+
+def _accelerator(spec: JobSpec, cluster: ClusterInfo) -> str:
+    acc = spec.resources.accelerator
+    if acc == "auto":
+        return "gpu" if any(n.gpus_total > 0 for n in cluster.nodes if n.alive) else "cpu"
+    return acc
+
+
+def _capacity(n: NodeInfo, bundle: dict[str, float], free: bool) -> int:
+    cpus = n.cpus_free if free else n.cpus_total
+    gpus = n.gpus_free if free else n.gpus_total
+    k = int(cpus // bundle["CPU"]) if bundle["CPU"] > 0 else 10**9
+    if "GPU" in bundle:
+        k = min(k, int(gpus // bundle["GPU"]))
+    return max(k, 0)
+
+
+def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
+    acc = _accelerator(spec, cluster)
+    bundle: dict[str, float] = {"CPU": spec.resources.cpus_per_worker}
+    if acc == "gpu":
+        bundle["GPU"] = 1.0
+    W, R = spec.world_size, spec.parallel.ring_size
+    nodes = [n for n in cluster.nodes if n.alive]
+    out = Plan(fits=False, accelerator=acc, strategy="STRICT_PACK", world_size=W, bundle=bundle,
+               memory=memory_estimate(spec))
+    total = sum(_capacity(n, bundle, free=False) for n in nodes)
+    free = sum(_capacity(n, bundle, free=True) for n in nodes)
+    need = "GPUs" if acc == "gpu" else f"bundles of {bundle['CPU']:g} CPU"
+    if not nodes:
+        out.warnings.append("the cluster reports no alive nodes; placement cannot be previewed")
+        return out
+    if total < W:
+        out.warnings.append(f"the job needs {W} {need} (ring_size {R} × data_parallel {spec.parallel.data_parallel})"
+                            f" but the whole cluster has {total}: it can never be placed")
+        return out
+    if free < W:
+        out.warnings.append(f"only {free} of the {W} {need} are free now: the job will wait in PLACING "
+                            f"(up to the placement timeout)")
+    use_free = free >= W
+    caps = sorted(((_capacity(n, bundle, free=use_free), n) for n in nodes), key=lambda x: (-x[0], x[1].node_id))
+    if caps[0][0] >= W:
+        caps = [caps[0]]
+    else:
+        out.strategy = "PACK"
+    slots: list[tuple[str, int]] = []
+    for cap, n in caps:
+        take = min(cap, W - len(slots))
+        slots += [(n.node_id, i) for i in range(take)]
+        if len(slots) == W:
+            break
+    out.fits = True
+    out.nodes_used = len({nid for nid, _ in slots})
+    for rank, (nid, dev) in enumerate(slots):
+        out.placement.append(RankSlot(rank=rank, ring=rank // R, node_id=nid,
+                                      device=f"cuda:{dev}" if acc == "gpu" else "cpu"))
+    for ring in range(W // R):
+        members = out.placement[ring * R:(ring + 1) * R]
+        if R > 1:
+            out.node_crossings += sum(members[i].node_id != members[(i + 1) % R].node_id for i in range(R))
+    if acc == "cpu" and spec.resources.accelerator == "auto" and W > 1:
+        out.warnings.append("no GPUs in the cluster: ranks run on CPU with gloo (fine for demos, slow to train)")
+    mem = out.memory["total_bytes"]
+    if acc == "gpu" and mem > 80 * 2**30:
+        out.warnings.append(f"estimated {mem / 2**30:.1f} GiB per rank exceeds an 80 GiB GPU: raise ring_size or "
+                            "enable train.activation_checkpointing")
+    return out
