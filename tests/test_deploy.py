@@ -435,7 +435,7 @@ def test_dockerfile_tags_documented():
 
 def test_dockerignore_keeps_context_small():
     text = (dh.ROOT / ".dockerignore").read_text()
-    assert text.splitlines()[[ln.strip() for ln in text.splitlines()].index("**")] == "**"
+    assert "**" in [ln.strip() for ln in text.splitlines()], ".dockerignore should exclude everything, then re-include"
     assert set(dh.dockerignore_included()) >= {"pyproject.toml", "api", "service", "workers"}
     for secretish in (".venv", ".git", "ringtrain.db"):
         assert not any(Path(secretish).match(inc) for inc in dh.dockerignore_included())
