@@ -1,6 +1,20 @@
-"""Exact ring attention: softmax attention over a sequence sharded across a ring of ranks."""
+"""Exact ring attention: softmax attention over a sequence sharded across a ring of ranks.
 
+Layout of the package (each piece small, after ring-flash-attention's shape): `layouts` (how a
+sequence is split), `plan` (which block each ring step computes — the only place layouts differ),
+`kernels` (block attention with log-sum-exp, one interface, several backends), `merge` (online
+softmax), `comm` (the ring exchange), `ring` (the autograd function tying them together).
+"""
+
+from workers.attention.kernels import attention_backend
 from workers.attention.layouts import LAYOUTS, shard_positions, shard_sequence, unshard_sequence
 from workers.attention.ring import ring_attention
 
-__all__ = ["LAYOUTS", "ring_attention", "shard_positions", "shard_sequence", "unshard_sequence"]
+__all__ = [
+    "LAYOUTS",
+    "attention_backend",
+    "ring_attention",
+    "shard_positions",
+    "shard_sequence",
+    "unshard_sequence",
+]
