@@ -6,7 +6,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.models import Job, LogLine, MetricPointRow, Transition
 from service.planner import Plan
@@ -37,10 +37,12 @@ class Placement(BaseModel):
 
 
 class TransitionOut(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
     seq: int
     time: float = Field(description="unix seconds")
-    from_state: JobState | None = Field(None, serialization_alias="from")
-    to_state: JobState = Field(serialization_alias="to")
+    from_state: JobState | None = Field(None, alias="from")
+    to_state: JobState = Field(alias="to")
     reason: str
     resume_step: int | None = None
 

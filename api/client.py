@@ -1,0 +1,229 @@
+"""A typed Python client for the ringtrain REST API (httpx).
+
+    from api.client import Client
+
+    c = Client()                                  # RINGTRAIN_URL / RINGTRAIN_TOKEN / ~/.ringtrain/token
+    job = c.submit("examples/passkey.yaml")       # path, YAML/JSON text, dict or JobSpec
+    for ev in c.events(job.id):                   # replays, then follows live; resumes after a disconnect
+        if ev.event == "metric" and ev.data["name"] == "loss":
+            print(ev.data["step"], ev.data["value"])
+    print(c.get_job(job.id).state)
+
+Errors raise `ApiError` with the server's `code`, `message` and offending `field`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from api.schemas import ClusterOut, JobList, JobOut, LogPage, MetricOut, MetricPage, PlanOut
+from service.settings import DEFAULT_TOKEN_FILE, read_token_file
+from workers.config import JobSpec
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None,
+                 details: list[Any] | None = None, body: Any = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.details = details or []
+        self.body = body
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One SSE message: `event` is state, metric, log or end; `id` is the event seq (None for end)."""
+
+    event: str
+    id: int | None
+    data: dict[str, Any]
+
+
+def resolve_url(url: str | None = None) -> str:
+    return (url or os.environ.get("RINGTRAIN_URL") or DEFAULT_URL).rstrip("/")
+
+
+def resolve_token(token: str | None = None) -> str | None:
+    return token or os.environ.get("RINGTRAIN_TOKEN") or read_token_file(
+        Path(os.environ.get("RINGTRAIN_TOKEN_FILE", str(DEFAULT_TOKEN_FILE))))
+
+
+def spec_body(spec: str | Path | dict[str, Any] | JobSpec) -> tuple[bytes, str]:
+    """(body, content type) for a spec given as a path, YAML/JSON text, a dict or a JobSpec."""
+    if isinstance(spec, JobSpec):
+        return spec.model_dump_json().encode(), "application/json"
+    if isinstance(spec, dict):
+        return json.dumps(spec).encode(), "application/json"
+    if isinstance(spec, Path) or (isinstance(spec, str) and "\n" not in spec and len(spec) < 4096
+                                  and Path(spec).expanduser().is_file()):
+        p = Path(spec).expanduser()
+        text = p.read_text()
+        ctype = "application/json" if p.suffix == ".json" else "application/yaml"
+        return text.encode(), ctype
+    text = str(spec)
+    return text.encode(), "application/json" if text.lstrip().startswith("{") else "application/yaml"
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url = resolve_url(url)
+        self.token = resolve_token(token)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def _check(self, r: httpx.Response) -> Any:
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+                err = body.get("error", {})
+            except ValueError:
+                body, err = r.text, {}
+            raise ApiError(r.status_code, err.get("code", "http_error"), err.get("message", r.text[:500]),
+                           err.get("field"), err.get("details"), body)
+        return r.json() if r.content else None
+
+    def _get(self, path: str, **params: Any) -> Any:
+        return self._check(self.http.get(path, params={k: v for k, v in params.items() if v is not None}))
+
+    # ---- endpoints ------------------------------------------------------------------------------
+    def submit(self, spec: str | Path | dict[str, Any] | JobSpec) -> JobOut:
+        body, ctype = spec_body(spec)
+        return JobOut.model_validate(self._check(self.http.post("/v1/jobs", content=body,
+                                                                headers={"Content-Type": ctype})))
+
+    def plan(self, spec: str | Path | dict[str, Any] | JobSpec) -> PlanOut:
+        body, ctype = spec_body(spec)
+        return PlanOut.model_validate(self._check(self.http.post("/v1/plan", content=body,
+                                                                 headers={"Content-Type": ctype})))
+
+    def list_jobs(self, state: str | list[str] | None = None, limit: int = 50, offset: int = 0) -> JobList:
+        return JobList.model_validate(self._get("/v1/jobs", state=state, limit=limit, offset=offset))
+
+    def get_job(self, job_id: str) -> JobOut:
+        return JobOut.model_validate(self._get(f"/v1/jobs/{job_id}"))
+
+    def cancel(self, job_id: str) -> JobOut:
+        return JobOut.model_validate(self._check(self.http.post(f"/v1/jobs/{job_id}/cancel")))
+
+    def metrics(self, job_id: str, after: int = 0, limit: int = 1000, names: list[str] | None = None) -> MetricPage:
+        return MetricPage.model_validate(self._get(f"/v1/jobs/{job_id}/metrics", after=after, limit=limit,
+                                                   name=names))
+
+    def iter_metrics(self, job_id: str, names: list[str] | None = None, after: int = 0) -> Iterator[MetricOut]:
+        """Every stored point, following pages."""
+        while True:
+            page = self.metrics(job_id, after=after, names=names)
+            yield from page.points
+            if not page.has_more:
+                return
+            after = page.next_after
+
+    def logs(self, job_id: str, after: int = 0, limit: int = 1000, driver: bool = True) -> LogPage:
+        return LogPage.model_validate(self._get(f"/v1/jobs/{job_id}/logs", after=after, limit=limit,
+                                                driver=str(driver).lower()))
+
+    def cluster(self) -> ClusterOut:
+        return ClusterOut.model_validate(self._get("/v1/cluster"))
+
+    def health(self) -> dict[str, Any]:
+        return self._get("/healthz")
+
+    def ready(self) -> dict[str, Any]:
+        return self._get("/readyz")
+
+    def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 1.0) -> JobOut:
+        """Poll until the job is terminal."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get_job(job_id)
+            if job.state.terminal:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.state} after {timeout}s")
+            time.sleep(poll_s)
+
+    def events(self, job_id: str, after: int | None = None, *, reconnect: bool = True, max_retries: int = 20,
+               read_timeout: float = 60.0) -> Iterator[JobEvent]:
+        """The job's events, replayed then live, until the job ends (`end` is yielded last).
+
+        A dropped connection is resumed from the last seen id (`Last-Event-ID`), so nothing is lost or
+        repeated; up to `max_retries` consecutive failures with back-off.
+        """
+        last = after
+        failures = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            try:
+                timeout = httpx.Timeout(10.0, read=read_timeout)
+                with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        self._check(r)
+                    for ev in parse_sse(r.iter_lines()):
+                        failures = 0
+                        if ev.id is not None:
+                            last = ev.id
+                        yield ev
+                        if ev.event == "end":
+                            return
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                pass
+            if not reconnect:
+                return
+            failures += 1
+            if failures > max_retries:
+                raise ApiError(0, "disconnected", f"lost the event stream of {job_id} {failures} times in a row")
+            time.sleep(min(5.0, 0.2 * 2**failures))
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[JobEvent]:
+    """Server-Sent Events framing: fields until a blank line; comment lines (heartbeats) are skipped."""
+    event, data, eid = "message", [], None
+    for raw in lines:
+        line = raw.rstrip("\r")
+        if not line:
+            if data:
+                payload = "\n".join(data)
+                try:
+                    obj = json.loads(payload)
+                except ValueError:
+                    obj = {"raw": payload}
+                yield JobEvent(event, int(eid) if eid and eid.isdigit() else None, obj)
+            event, data, eid = "message", [], None
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            eid = value
