@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from tests.dist import run_distributed
-from tests.trainutil import final_weights, series, tiny_spec, train
+from tests.trainutil import final_weights, one_thread, series, tiny_spec, train
 from workers.model import build_model
+
+assert one_thread  # autouse fixture, imported to apply to this module
 
 K = 4
 LOSS_RTOL = 1e-5

@@ -5,12 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from workers.checkpoint import latest_step, step_dir
 from workers.config import JobSpec
 from workers.reports import MetricPoint
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """In-process training on one thread: on 2 shared cores, more threads only oversubscribe (10-30× slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def tiny_spec(**over: Any) -> JobSpec:
