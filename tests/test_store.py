@@ -1,0 +1,267 @@
+"""The durable job store on SQLite always, and on PostgreSQL when a server is available.
+
+PostgreSQL: `RINGTRAIN_TEST_POSTGRES_URL`, or a throwaway server started from the local binaries
+(`/usr/lib/postgresql/*/bin/initdb`) on a temp dir and a free port, as a non-root user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import math
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, inspect, text
+
+from service import lifecycle
+from service.db import make_engine, migrate
+from service.models import Transition
+from service.store import JobNotFound, ReportGap, Store
+from tests.api_harness import TINY_SPEC, free_port
+from workers.config import JobSpec
+from workers.reports import JobState, LogItem, MetricItem, StateItem
+
+SPEC = JobSpec.model_validate(TINY_SPEC)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    url = os.environ.get("RINGTRAIN_TEST_POSTGRES_URL")
+    if url:
+        yield url
+        return
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        pytest.skip("PostgreSQL not available: set RINGTRAIN_TEST_POSTGRES_URL or install postgresql server binaries")
+    bindir = Path(found[-1]).parent
+    tmp = Path(tempfile.mkdtemp(prefix="rt-pg-"))
+    prefix: list[str] = []
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        user = "postgres" if _user_exists("postgres") else "nobody"
+        pw = pwd.getpwnam(user)
+        os.chown(tmp, pw.pw_uid, pw.pw_gid)
+        prefix = ["runuser", "-u", user, "--"]
+    port = free_port()
+    data = tmp / "data"
+    try:
+        subprocess.run([*prefix, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "ringtrain",
+                        "--no-sync", "-E", "UTF8"], check=True, capture_output=True, timeout=120)
+        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(tmp / "log"), "-w", "-t", "60",
+                        "-o", f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c fsync=off "
+                              "-c max_connections=100", "start"], check=True, capture_output=True, timeout=120)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        log = (tmp / "log").read_text() if (tmp / "log").exists() else ""
+        shutil.rmtree(tmp, ignore_errors=True)
+        pytest.skip(f"could not start a throwaway PostgreSQL: {e} {getattr(e, 'stderr', b'')!r} {log[-500:]}")
+    try:
+        yield f"postgresql://ringtrain@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True, timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def _fresh_pg_database(server_url: str) -> str:
+    import psycopg
+
+    name = "rt_" + uuid.uuid4().hex[:10]
+    dsn = server_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return dsn.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/store.db"
+    else:
+        url = _fresh_pg_database(request.getfixturevalue("postgres_server"))
+    engine = make_engine(url)
+    migrate(engine)
+    migrate(engine)  # idempotent
+    published: list[tuple[str, list]] = []
+    s = Store(engine, on_events=lambda jid, evs: published.append((jid, evs)))
+    s.published = published  # type: ignore[attr-defined]
+    yield s
+    engine.dispose()
+
+
+def metric(seq: int, step: int, name: str = "loss", value: float = 1.0, rank: int | None = None) -> MetricItem:
+    return MetricItem(seq=seq, step=step, name=name, value=value, rank=rank, time=time.time())
+
+
+def state(seq: int, st: str, **kw) -> StateItem:
+    return StateItem(seq=seq, state=JobState(st), time=time.time(), **kw)
+
+
+def test_schema_and_create(store: Store):
+    insp = inspect(store.engine)
+    assert {"jobs", "transitions", "metric_points", "logs", "alembic_version"} <= set(insp.get_table_names())
+    job = store.create_job("alice", SPEC, "tok")
+    got = store.get_job(job.id, "alice")
+    assert got.state == "QUEUED" and got.spec["name"] == "tiny" and got.total_steps == 5 and got.next_event_seq == 2
+    with pytest.raises(JobNotFound):
+        store.get_job(job.id, "bob")
+    assert store.check_ingest_token(job.id, "tok") and not store.check_ingest_token(job.id, "nope")
+    assert not store.check_ingest_token("jmissing", "tok")
+    [t] = store.transitions(job.id)
+    assert (t.from_state, t.to_state, t.seq, t.reason) == (None, "QUEUED", 1, "submitted")
+    assert store.published[0][1][0].kind == "state"
+
+
+def test_report_semantics(store: Store):
+    job = store.create_job("alice", SPEC, "tok")
+    batch = [state(1, "RUNNING", reason="placed"), *[metric(i + 2, i, value=float(i)) for i in range(10)],
+             LogItem(seq=12, time=time.time(), line="hi")]
+    assert store.apply_report(job.id, batch).acked_seq == 12
+    assert store.apply_report(job.id, batch).acked_seq == 12  # idempotent
+    assert len(store.metrics(job.id)) == 10 and len(store.logs(job.id)) == 1
+    with pytest.raises(ReportGap) as gap:
+        store.apply_report(job.id, [metric(14, 10)])
+    assert gap.value.acked_seq == 12
+    # overlap: items ≤ high-water ignored, the rest applied in order
+    res = store.apply_report(job.id, [metric(12, 99), metric(13, 10), metric(14, 11)])
+    assert res.acked_seq == 14 and res.points == 2
+    before = max(p.seq for p in store.metrics(job.id))
+    # supersede: resume from step 4
+    store.apply_report(job.id, [state(15, "RETRYING", reason="rank lost", resume_step=4), state(16, "RUNNING")])
+    assert [p.step for p in store.metrics(job.id)] == [0, 1, 2, 3, 4]
+    store.apply_report(job.id, [metric(17 + i, 5 + i, value=100.0 + i) for i in range(3)])
+    pts = store.metrics(job.id)
+    assert [p.step for p in pts] == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert min(p.seq for p in pts if p.step >= 5) > before  # seqs never reused
+    j = store.get_job(job.id)
+    assert j.restarts == 1 and j.step == 7 and j.latest["loss"]["value"] == 102.0
+    assert [t.to_state for t in store.transitions(job.id)] == ["QUEUED", "PLACING", "RUNNING", "RETRYING", "RUNNING"]
+    # NaN is stored as null; per-rank metrics keep their rank
+    store.apply_report(job.id, [metric(20, 8, value=math.nan), metric(21, 8, "mem_peak_bytes", 1e9, rank=1)])
+    p = store.metrics(job.id, names=["loss"])[-1]
+    assert p.step == 8 and p.value is None
+    assert store.metrics(job.id, names=["mem_peak_bytes"])[0].rank == 1
+    # terminal states never change
+    store.apply_report(job.id, [state(22, "SUCCEEDED", reason="done"), state(23, "RUNNING"),
+                                state(24, "FAILED", error="late")])
+    j = store.get_job(job.id)
+    assert j.state == "SUCCEEDED" and j.error is None and j.finished_at is not None
+    assert not store.transition(job.id, JobState.FAILED, "reconciler")
+    assert store.request_cancel(job.id).state == "SUCCEEDED"
+    events = store.events_after(job.id, 0, 1000)
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(set(seqs))
+    assert store.events_after(job.id, seqs[-3], 2) == events[-2:]
+
+
+def test_invalid_driver_transition_is_logged_not_applied(store: Store):
+    job = store.create_job("alice", SPEC, "tok")
+    store.apply_report(job.id, [state(1, "SUCCEEDED", reason="fast")])  # implied PLACING and RUNNING
+    assert [t.to_state for t in store.transitions(job.id)] == ["QUEUED", "PLACING", "RUNNING", "SUCCEEDED"]
+    job2 = store.create_job("alice", SPEC, "tok")
+    store.apply_report(job2.id, [state(1, "RUNNING"), state(2, "QUEUED", reason="?")])  # nothing goes back to QUEUED
+    assert store.get_job(job2.id).state == "RUNNING"
+    assert "ignored state report" in store.logs(job2.id)[0].line
+
+
+def test_failed_write_leaves_nothing(store: Store):
+    def boom(session, ctx, instances):
+        if any(isinstance(o, Transition) for o in session.new):
+            raise RuntimeError("disk on fire")
+
+    event.listen(store.sessions, "before_flush", boom)
+    try:
+        with pytest.raises(RuntimeError):
+            store.create_job("alice", SPEC, "tok")
+    finally:
+        event.remove(store.sessions, "before_flush", boom)
+    assert store.list_jobs("alice") == ([], 0)
+    job = store.create_job("alice", SPEC, "tok")
+    bad = [metric(1, 0), metric(2, 1)]
+
+    def always(session, ctx, instances):
+        raise RuntimeError("x")
+
+    event.listen(store.sessions, "before_flush", always)
+    try:
+        with pytest.raises(RuntimeError):
+            store.apply_report(job.id, bad)
+    finally:
+        event.remove(store.sessions, "before_flush", always)
+    assert store.metrics(job.id) == [] and store.get_job(job.id).last_report_seq == 0
+
+
+def test_concurrent_reports_apply_once(store: Store):
+    jobs = [store.create_job("alice", SPEC, "tok") for _ in range(3)]
+    batches = [[metric(s, s) for s in range(1, k + 1)] for k in range(5, 45, 5)]
+    errors: list[BaseException] = []
+
+    def worker(jid: str, seed: int) -> None:
+        try:
+            for b in batches[seed % 3:] + batches:
+                with contextlib.suppress(ReportGap):
+                    store.apply_report(jid, b)
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(j.id, i)) for j in jobs for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for j in jobs:
+        pts = store.metrics(j.id)
+        assert [p.step for p in pts] == list(range(1, 41))
+        assert store.get_job(j.id).last_report_seq == 40
+
+
+def test_listing_and_control_plane_transitions(store: Store):
+    ids = [store.create_job("alice" if i % 2 == 0 else "bob", SPEC, "t").id for i in range(6)]
+    jobs, total = store.list_jobs("alice", limit=2)
+    assert total == 3 and [j.id for j in jobs] == [ids[4], ids[2]]
+    assert store.transition(ids[0], JobState.PLACING, "submitted", only_from={JobState.QUEUED})
+    assert not store.transition(ids[0], JobState.PLACING, "again", only_from={JobState.QUEUED})
+    assert store.transition(ids[0], JobState.FAILED, "Ray said no")
+    assert store.get_job(ids[0]).error == "Ray said no"
+    assert store.counts_by_state() == {"QUEUED": 5, "FAILED": 1}
+    assert len(store.active_jobs()) == 5
+    c = store.request_cancel(ids[2])
+    assert c.state == "CANCELLED" and c.cancel_requested
+    store.set_submission(ids[4], "sub-4")
+    assert store.request_cancel(ids[4]).state == "QUEUED"  # handed to Ray: the driver must confirm
+    assert store.list_jobs(None, ["CANCELLED"])[1] == 1
+    store.ping()
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+
+
+def test_lifecycle_machine():
+    S = JobState
+    assert lifecycle.path(S.QUEUED, S.RUNNING) == [S.PLACING, S.RUNNING]
+    assert lifecycle.path(S.RETRYING, S.SUCCEEDED) == [S.RUNNING, S.SUCCEEDED]
+    assert lifecycle.path(S.RUNNING, S.RUNNING) == []
+    for term in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
+        for dst in S:
+            if dst != term:
+                with pytest.raises(lifecycle.InvalidTransition):
+                    lifecycle.path(term, dst)
+    assert lifecycle.path(S.QUEUED, S.RETRYING) == [S.PLACING, S.RETRYING]
+    with pytest.raises(lifecycle.InvalidTransition):
+        lifecycle.path(S.RUNNING, S.QUEUED)
