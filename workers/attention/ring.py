@@ -52,28 +52,23 @@ def _backward(dout, q, k, v, out, lse, causal, layout, group, rank, world, scale
     kv = torch.stack([k, v])
     kv_comm = RingComm(group) if world > 1 else None
     dkv_comm = RingComm(group) if world > 1 else None
-    dkv = None
     for step in range(world):
         last = step + 1 == world
         if not last:
             kv_comm.send_recv(kv)
-        contrib = None
         block = block_for_step(layout, causal, rank, (rank - step) % world, n)
+        grads = None
         if block is not None:
-            b_dq, b_dk, b_dv = kernel.backward(
+            grads = kernel.backward(
                 dout[:, block.q], q[:, block.q], kv[0][:, block.kv], kv[1][:, block.kv],
                 out[:, block.q], lse[:, :, block.q], block.causal, scale,
             )
-            dq[:, block.q] += b_dq
-            contrib = torch.zeros(kv.shape, dtype=acc, device=q.device)
-            contrib[0][:, block.kv] += b_dk
-            contrib[1][:, block.kv] += b_dv
-        # dkv that arrived this step belongs to the K/V block we hold now; add ours and pass it on.
-        arrived = dkv_comm.wait() if step > 0 else None
-        if arrived is None:
-            dkv = contrib if contrib is not None else torch.zeros(kv.shape, dtype=acc, device=q.device)
-        else:
-            dkv = arrived if contrib is None else arrived.add_(contrib)
+            dq[:, block.q] += grads[0]
+        # The dkv that arrived meanwhile belongs to the K/V block we hold now: add our part, pass it on.
+        dkv = dkv_comm.wait() if step > 0 else torch.zeros(kv.shape, dtype=acc, device=q.device)
+        if grads is not None:
+            dkv[0][:, block.kv] += grads[1]
+            dkv[1][:, block.kv] += grads[2]
         if world > 1:
             dkv_comm.send_recv(dkv)
         if not last:
