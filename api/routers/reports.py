@@ -32,7 +32,8 @@ def ingest_auth(
 
 
 @router.post("/{job_id}/report", response_model=ReportAck,
-             responses={401: {"model": ErrorResponse}, 409: {"description": "sequence gap; body has acked_seq"},
+             responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
+                        409: {"description": "sequence gap; body has acked_seq"}, 413: {"model": ErrorResponse},
                         422: {"model": ErrorResponse}})
 def report(job_id: Annotated[str, Depends(ingest_auth)], batch: ReportBatch, ctx: Ctx) -> ReportAck:
     t = ctx.telemetry
