@@ -1,0 +1,255 @@
+// One job: header with progress and cancel, live charts, the ring, the passkey grid, state timeline, logs.
+// Initial load: GET /v1/jobs/{id}/series (downsampled on the server, consistent as of last_seq); then the
+// job's SSE stream from last_seq appends points. Without the /series route it replays the stream from 0.
+import { api, ApiError, followEvents } from "./api.js";
+import { LiveChart, timings } from "./charts.js";
+import { renderPasskey, PASSKEY_RE } from "./passkey.js";
+import { renderRing } from "./ring.js";
+import { age, clock, fmtBytes, fmtNum, fmtSeconds, fmtSI, h, progress, stateBadge, TERMINAL } from "./util.js";
+
+const CHARTS = [
+  { id: "loss", title: "Loss", fmt: (v) => fmtNum(v) },
+  { id: "lr", title: "Learning rate", fmt: (v) => (v === 0 ? "0" : v.toExponential(1)) },
+  { id: "tokens_per_s", title: "Tokens / s", fmt: fmtSI },
+  { id: "step_time_s", title: "Step time", fmt: fmtSeconds },
+  { id: "mem_peak_bytes", title: "Peak memory per rank", fmt: fmtBytes },
+  { id: "grad_norm", title: "Gradient norm", fmt: (v) => fmtNum(v) },
+];
+const LOG_TAIL = 500;
+
+export function mountJob(root, jobId) {
+  const ctrl = new AbortController();
+  let stopEvents = null;
+  let job = null;
+  let destroyed = false;
+  const transitions = new Map();
+  const logs = [];
+  const perRank = new Map();
+  let globalStepTime;
+  const passkey = new Map();
+  const timers = new Set();
+
+  const head = h("section.panel.job-head-wrap", { "aria-labelledby": "job-title" });
+  const errorBox = h("section.panel.alert", { role: "alert", hidden: true });
+  const chartsGrid = h("div.charts");
+  const ringBox = h("div#ring");
+  const passkeyBox = h("div#passkey");
+  const timeline = h("ol.timeline#timeline");
+  const logBox = h("pre.logs#logs", { tabindex: 0, "aria-label": "log tail" });
+  const live = h("span.live", { "aria-live": "polite" }, "connecting…");
+  root.append(
+    h("nav", { "aria-label": "Breadcrumb" }, h("a", { href: "#/jobs" }, "← Jobs")),
+    head, errorBox,
+    h("section.panel", { "aria-labelledby": "metrics-h" },
+      h("div.toolbar", {}, h("h2#metrics-h", {}, "Metrics"), live,
+        h("span.muted", {}, "Drag across a chart to zoom, double-click to reset; hover for values.")),
+      chartsGrid),
+    h("div.two", {},
+      h("section.panel", { "aria-labelledby": "ring-h" }, h("h2#ring-h", {}, "Ring"), ringBox),
+      h("div", {},
+        h("section.panel", { "aria-labelledby": "passkey-h" },
+          h("h2#passkey-h", {}, "Passkey retrieval (needle in a haystack)"), passkeyBox),
+        h("section.panel", { "aria-labelledby": "timeline-h" }, h("h2#timeline-h", {}, "State timeline"), timeline))),
+    h("section.panel", { "aria-labelledby": "logs-h" },
+      h("div.toolbar", {}, h("h2#logs-h", {}, "Logs"), h("span.muted", {}, `last ${LOG_TAIL} lines`)),
+      logBox));
+  const charts = new Map(CHARTS.map((c) => [c.id, new LiveChart(chartsGrid, c)]));
+
+  function later(fn, ms) {
+    const t = setTimeout(() => { timers.delete(t); fn(); }, ms);
+    timers.add(t);
+    return t;
+  }
+  function throttled(fn, ms) {
+    let pending = null;
+    return () => { if (!pending) pending = later(() => { pending = null; if (!destroyed) fn(); }, ms); };
+  }
+
+  // ---- rendering ------------------------------------------------------------------------------
+  function renderHead() {
+    if (!job) return;
+    const terminal = TERMINAL.has(job.state);
+    const cancel = h("button.danger#cancel-button", { type: "button", disabled: terminal || job.cancel_requested },
+      job.cancel_requested && !terminal ? "Cancelling…" : "Cancel job");
+    cancel.addEventListener("click", confirmCancel);
+    const meta = job.metadata || {};
+    head.replaceChildren(h("div.job-head", {},
+      h("div.title", {},
+        h("h1#job-title", {}, job.name, " ", h("span#job-state", {}, stateBadge(job.state))),
+        progress(job.step, job.total_steps),
+        h("dl", {},
+          h("dt", {}, "Job"), h("dd.mono", {}, job.id),
+          h("dt", {}, "Owner"), h("dd", {}, job.owner),
+          h("dt", {}, "Created"), h("dd", { title: job.created_at }, `${age(job.created_at)} ago`),
+          h("dt", {}, "Restarts"), h("dd", {}, `${job.restarts} of ${job.spec?.max_restarts ?? "?"}`),
+          h("dt", {}, "Ring"), h("dd", {}, `${job.spec?.parallel?.ring_size ?? "?"} × ${job.spec?.parallel?.data_parallel ?? 1}` +
+            ` (${job.spec?.parallel?.layout ?? ""}), seq_len ${job.spec?.data?.seq_len ?? "?"}`),
+          Object.keys(meta).length ? [h("dt", {}, "Runtime"), h("dd.mono", {},
+            Object.entries(meta).map(([k, v]) => `${k}=${v}`).join("  "))] : null)),
+      h("div", {}, cancel)));
+    if (job.error) {
+      errorBox.hidden = false;
+      errorBox.replaceChildren(h("h2", {}, "Error"), h("pre", {}, job.error));
+    } else errorBox.hidden = true;
+  }
+
+  const renderRingSoon = throttled(() => {
+    const vals = new Map();
+    for (const p of job?.placement || []) {
+      const m = perRank.get(p.rank) || {};
+      vals.set(p.rank, { mem: m.mem, stepTime: m.stepTime ?? globalStepTime });
+    }
+    ringBox.replaceChildren(renderRing(job?.placement || [], vals, { caption: "ranks of this job" }));
+  }, 500);
+  const renderPasskeySoon = throttled(() => passkeyBox.replaceChildren(renderPasskey(passkey)), 500);
+
+  function renderTimeline() {
+    const items = [...transitions.values()].sort((a, b) => a.seq - b.seq);
+    timeline.replaceChildren(...items.map((t) => h("li", { dataset: { to: t.to } },
+      h("time", { datetime: new Date(t.time * 1000).toISOString() }, clock(t.time)),
+      h("span", {}, stateBadge(t.to)),
+      h("span", {}, t.reason || h("span.muted", {}, "—"), t.from ? h("span.muted", {}, ` (from ${t.from})`) : null,
+        t.resume_step !== null && t.resume_step !== undefined
+          ? h("span.resume", {}, ` — resuming from step ${t.resume_step}; later points superseded`) : null))));
+  }
+
+  const renderLogsSoon = throttled(() => {
+    const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
+    logBox.textContent = logs.length
+      ? logs.map((l) => `${clock(l.time)} [${l.source}] ${l.line}`).join("\n")
+      : "No log lines yet.";
+    if (atBottom) logBox.scrollTop = logBox.scrollHeight;
+  }, 300);
+  const renderHeadSoon = throttled(renderHead, 500);
+
+  // ---- data -----------------------------------------------------------------------------------
+  function notePoint(name, rank, step, value) {
+    if (rank !== null && rank !== undefined) {
+      const m = perRank.get(rank) || {};
+      if (name === "mem_peak_bytes") m.mem = value;
+      if (name === "step_time_s") m.stepTime = value;
+      perRank.set(rank, m);
+      renderRingSoon();
+    } else if (name === "step_time_s") {
+      globalStepTime = value;
+      renderRingSoon();
+    }
+    if (PASSKEY_RE.test(name)) { passkey.set(name, value); renderPasskeySoon(); }
+  }
+
+  function onMetric(p) {
+    const chart = charts.get(p.name);
+    if (chart) chart.push(p.step, p.rank, p.value);
+    notePoint(p.name, p.rank, p.step, p.value);
+    if (job && p.rank === null && p.step > job.step && !TERMINAL.has(job.state)) {
+      job.step = p.step;
+      job.latest_metrics ||= {};
+      renderHeadSoon();
+    }
+  }
+
+  function onState(t) {
+    transitions.set(t.seq, t);
+    renderTimeline();
+    if (t.to === "RETRYING" && t.resume_step !== null && t.resume_step !== undefined) {
+      for (const c of charts.values()) c.truncateAfter(t.resume_step);
+    }
+    if (job) { job.state = t.to; renderHead(); }
+    refreshJob();
+  }
+
+  function onLog(l) {
+    logs.push(l);
+    if (logs.length > LOG_TAIL) logs.splice(0, logs.length - LOG_TAIL);
+    renderLogsSoon();
+  }
+
+  const refreshJob = throttled(async () => {
+    try {
+      const j = await api(`/v1/jobs/${encodeURIComponent(jobId)}`, { signal: ctrl.signal });
+      setJob(j);
+    } catch (e) { if (e.name !== "AbortError") console.warn("refresh job:", e.message); }
+  }, 300);
+
+  function setJob(j) {
+    const placementChanged = JSON.stringify(j.placement) !== JSON.stringify(job?.placement);
+    job = j;
+    for (const t of j.transitions || []) if (!transitions.has(t.seq)) transitions.set(t.seq, t);
+    renderHead();
+    renderTimeline();
+    if (placementChanged) renderRingSoon();
+  }
+
+  async function confirmCancel() {
+    const dlg = document.getElementById("confirm-dialog");
+    document.getElementById("confirm-text").textContent =
+      `Cancel “${job.name}” (${job.id})? Training stops and the job's cluster resources are released. ` +
+      "Checkpoints already written are kept.";
+    dlg.returnValue = "";
+    dlg.showModal();
+    dlg.addEventListener("close", async () => {
+      if (dlg.returnValue !== "yes") return;
+      try {
+        setJob(await api(`/v1/jobs/${encodeURIComponent(jobId)}/cancel`, { method: "POST", signal: ctrl.signal }));
+      } catch (e) {
+        if (e.name !== "AbortError") { errorBox.hidden = false; errorBox.replaceChildren(`Cancel failed: ${e.message}`); }
+      }
+    }, { once: true });
+  }
+
+  async function load() {
+    const t0 = performance.now();
+    let after = 0;
+    try {
+      const snap = await api(`/v1/jobs/${encodeURIComponent(jobId)}/series?max_points=4000&logs=${LOG_TAIL}`,
+        { signal: ctrl.signal });
+      const tFetch = performance.now();
+      after = snap.last_seq;
+      setJob(snap.job);
+      const byName = new Map();
+      for (const s of snap.series) {
+        if (!byName.has(s.name)) byName.set(s.name, []);
+        byName.get(s.name).push(s);
+        const n = s.value.length;
+        if (n) notePoint(s.name, s.rank, s.step[n - 1], s.value[n - 1]);
+      }
+      for (const [name, chart] of charts) chart.load(byName.get(name) || []);
+      for (const l of snap.logs) onLog(l);
+      timings.snapshots.push({ job: jobId, fetchMs: tFetch - t0, totalMs: performance.now() - t0,
+        points: snap.series.reduce((a, s) => a + s.count, 0),
+        returned: snap.series.reduce((a, s) => a + s.step.length, 0) });
+    } catch (e) {
+      if (e.name === "AbortError") return;
+      if (e instanceof ApiError && e.status === 404 && e.field !== "id") {
+        // the /series route is not mounted: read the job, then replay the whole stream
+        try { setJob(await api(`/v1/jobs/${encodeURIComponent(jobId)}`, { signal: ctrl.signal })); } catch (e2) {
+          if (e2.name !== "AbortError") head.replaceChildren(h("p.error-text", {}, e2.message));
+          return;
+        }
+      } else {
+        head.replaceChildren(h("h1#job-title", {}, "Job ", jobId),
+          h("p.error-text", { role: "alert" }, e.status === 404 ? `Job ${jobId} not found.` : e.message));
+        live.textContent = "";
+        return;
+      }
+    }
+    renderRingSoon();
+    renderPasskeySoon();
+    renderLogsSoon();
+    if (destroyed) return;
+    stopEvents = followEvents(jobId, after, {
+      metric: onMetric, state: onState, log: onLog,
+      end: () => refreshJob(),
+      status: (text, cls) => { live.textContent = text; live.className = `live ${cls}`; },
+    });
+  }
+
+  load();
+  return () => {
+    destroyed = true;
+    ctrl.abort();
+    if (stopEvents) stopEvents();
+    for (const t of timers) clearTimeout(t);
+    for (const c of charts.values()) c.destroy();
+  };
+}

@@ -1,0 +1,77 @@
+// The jobs list: live (polls the API every 2 s), filterable by state.
+import { api } from "./api.js";
+import { age, fmtNum, fmtSI, h, progress, STATES, stateBadge } from "./util.js";
+
+const POLL_MS = 2000;
+
+export function mountJobs(root, query) {
+  const state = query.get("state") || "";
+  const select = h("select#state-filter", { "aria-describedby": "jobs-count" },
+    h("option", { value: "" }, "All states"),
+    STATES.map((s) => h("option", { value: s, selected: s === state }, s)));
+  select.addEventListener("change", () => {
+    location.hash = select.value ? `#/jobs?state=${select.value}` : "#/jobs";
+  });
+  const count = h("span#jobs-count.muted", { "aria-live": "polite" });
+  const tbody = h("tbody");
+  const table = h("table#jobs-table", {},
+    h("caption.sr-only", {}, "Jobs, newest first"),
+    h("thead", {}, h("tr", {},
+      h("th", { scope: "col" }, "Name"), h("th", { scope: "col" }, "Owner"), h("th", { scope: "col" }, "State"),
+      h("th", { scope: "col" }, "Progress"), h("th.num", { scope: "col" }, "Loss"),
+      h("th.num", { scope: "col" }, "Tokens/s"), h("th.num", { scope: "col" }, "Age"))),
+    tbody);
+  const err = h("p.error-text", { role: "alert", hidden: true });
+  root.append(
+    h("section.panel", { "aria-labelledby": "jobs-h" },
+      h("div.toolbar", {},
+        h("h1#jobs-h", {}, "Jobs"),
+        h("span.spacer"),
+        h("label", { for: "state-filter" }, "State"), select,
+        count,
+        h("a.button", { href: "#/submit" }, "New job")),
+      err, table));
+
+  let timer = null;
+  let stopped = false;
+  const ctrl = new AbortController();
+
+  async function load() {
+    const qs = new URLSearchParams({ limit: "100" });
+    if (state) qs.append("state", state);
+    try {
+      const res = await api(`/v1/jobs?${qs}`, { signal: ctrl.signal });
+      err.hidden = true;
+      render(res);
+    } catch (e) {
+      if (e.name === "AbortError") return;
+      err.textContent = `Could not load jobs: ${e.message}`;
+      err.hidden = false;
+      if (e.status === 401) return; // the token dialog is open; no point polling
+    }
+    if (!stopped) timer = setTimeout(load, POLL_MS);
+  }
+
+  function render(res) {
+    count.textContent = `${res.total} job${res.total === 1 ? "" : "s"}${state ? ` ${state}` : ""}`;
+    if (!res.jobs.length) {
+      tbody.replaceChildren(h("tr", {}, h("td.muted", { colspan: 7 },
+        state ? `No ${state} jobs.` : "No jobs yet. ", state ? null : h("a", { href: "#/submit" }, "Submit one."))));
+      return;
+    }
+    tbody.replaceChildren(...res.jobs.map((j) => {
+      const lm = j.latest_metrics || {};
+      return h("tr", { dataset: { jobId: j.id, state: j.state } },
+        h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(j.id)}` }, j.name), h("div.muted.mono", {}, j.id)),
+        h("td", {}, j.owner),
+        h("td", {}, stateBadge(j.state), j.restarts ? h("span.muted", {}, ` ↻${j.restarts}`) : null),
+        h("td", {}, progress(j.step, j.total_steps)),
+        h("td.num.loss", {}, fmtNum(lm.loss?.value)),
+        h("td.num", {}, fmtSI(lm.tokens_per_s?.value)),
+        h("td.num", { title: j.created_at }, age(j.created_at)));
+    }));
+  }
+
+  load();
+  return () => { stopped = true; clearTimeout(timer); ctrl.abort(); };
+}

@@ -1,0 +1,129 @@
+"""Helpers for the dashboard's browser tests: headless Chromium through Playwright (Python), a real uvicorn
+server on a loopback port with a temporary SQLite store (tests/api_harness), console-error capture, and
+screenshots under test-artifacts/."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from tests.api_harness import ALICE, Driver, Server
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TOKEN_KEY = "ringtrain.token"
+
+
+def chromium_missing() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"Chromium not found at {CHROMIUM} (apt-get install -y chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright Python package is not installed"
+    return None
+
+
+def ensure_dashboard_routes(srv: Server) -> None:
+    """Mount api.routers.dashboard (GET /v1/jobs/{id}/series) when the app factory does not do it yet."""
+    from api.routers import dashboard
+
+    if not any(getattr(r, "path", "") == "/v1/jobs/{job_id}/series" for r in srv.app.routes):
+        srv.app.include_router(dashboard.router)
+
+
+class PageErrors:
+    """Console errors and uncaught exceptions of one page; `allow` takes regexes of expected messages."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.allowed: list[re.Pattern[str]] = []
+
+    def allow(self, pattern: str) -> None:
+        self.allowed.append(re.compile(pattern))
+
+    def unexpected(self) -> list[str]:
+        return [m for m in self.messages if not any(p.search(m) for p in self.allowed)]
+
+
+def shot(page: Any, name: str, full_page: bool = True) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    p = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(p), full_page=full_page)
+    return p
+
+
+def create_job(srv: Server, spec: dict[str, Any], token: str = ALICE) -> dict[str, Any]:
+    with srv.client(token) as c:
+        r = c.post("/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+
+def placement(ranks: int, nodes: tuple[str, ...] = ("node-a", "node-b"), gpu: bool = True) -> list[dict[str, Any]]:
+    per = -(-ranks // len(nodes))
+    out = []
+    for r in range(ranks):
+        node = nodes[r // per]
+        out.append({"rank": r, "node_id": node, "node_ip": f"10.0.0.{nodes.index(node) + 1}",
+                    "device": f"cuda:{r % per}" if gpu else "cpu", "ring": 0})
+    return out
+
+
+def start_running(srv: Server, job_id: str, ranks: int = 4, **kw: Any) -> Driver:
+    """Play the driver: PLACING → RUNNING with a placement over two nodes."""
+    d = Driver(srv, job_id)
+    assert d.state("PLACING", reason="reserving 4 bundles").status_code == 200
+    r = d.state("RUNNING", reason=f"all {ranks} ranks placed", placement=placement(ranks, **kw),
+                metadata={"backend": "nccl", "kernel": "flash"})
+    assert r.status_code == 200, r.text
+    return d
+
+
+def step_items(d: Driver, step: int, ranks: int = 4, loss: float | None = None) -> list[dict[str, Any]]:
+    loss = loss if loss is not None else 6.0 * (0.98 ** step) + 0.05 * ((step * 7919) % 13) / 13
+    items = [d.item("metric", step=step, name="loss", value=loss),
+             d.item("metric", step=step, name="lr", value=3e-4 * min(1.0, (step + 1) / 20)),
+             d.item("metric", step=step, name="grad_norm", value=1.0 / (1 + step) + 0.3),
+             d.item("metric", step=step, name="tokens_per_s", value=52000 + 900 * ((step * 31) % 7)),
+             d.item("metric", step=step, name="step_time_s", value=0.31 + 0.02 * ((step * 17) % 5))]
+    items += [d.item("metric", step=step, name="mem_peak_bytes", value=(3.1 + 0.2 * r) * 2**30 + step * 2**20,
+                     rank=r) for r in range(ranks)]
+    return items
+
+
+class Feeder:
+    """Streams training steps to the job from a thread (like a running driver), until stopped."""
+
+    def __init__(self, d: Driver, start: int, every_s: float = 0.2, ranks: int = 4) -> None:
+        self.d, self.step, self.every_s, self.ranks = d, start, every_s, ranks
+        self.stop_evt = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop_evt.is_set():
+                r = self.d.post([*step_items(self.d, self.step, self.ranks),
+                                 self.d.item("log", source="driver", line=f"step {self.step} loss ok")])
+                if r.status_code != 200:
+                    break
+                self.step += 1
+                self.stop_evt.wait(self.every_s)
+        except BaseException as e:  # surfaced by stop()
+            self.error = e
+
+    def __enter__(self) -> Feeder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_evt.set()
+        self.thread.join(timeout=10)
+
