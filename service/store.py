@@ -325,6 +325,14 @@ class Store:
             job.meta = {**(job.meta or {}), **it.metadata}
         if it.error is not None:
             job.error = it.error
+        target = it.state
+        if job.cancel_requested and target == JobState.FAILED:
+            # the user asked for a stop: a driver that dies while stopping ends CANCELLED, not FAILED
+            target = JobState.CANCELLED
+            it = it.model_copy(update={"state": target, "error": None,
+                                       "reason": f"cancelled (the driver reported while stopping: "
+                                                 f"{(it.reason or it.error or 'failure')[:500]})"})
+            job.error = None
         resume = None
         if it.state == JobState.RETRYING and it.resume_step is not None:
             resume = it.resume_step

@@ -265,3 +265,14 @@ def test_lifecycle_machine():
     assert lifecycle.path(S.QUEUED, S.RETRYING) == [S.PLACING, S.RETRYING]
     with pytest.raises(lifecycle.InvalidTransition):
         lifecycle.path(S.RUNNING, S.QUEUED)
+
+
+def test_cancel_requested_failure_ends_cancelled(store: Store):
+    job = store.create_job("alice", SPEC, "tok")
+    store.set_submission(job.id, "sub")
+    store.apply_report(job.id, [state(1, "RUNNING")])
+    store.request_cancel(job.id)
+    store.apply_report(job.id, [state(2, "FAILED", reason="driver could not run: SystemExit", error="tb")])
+    j = store.get_job(job.id)
+    assert j.state == "CANCELLED" and j.error is None
+    assert "while stopping" in store.transitions(job.id)[-1].reason
