@@ -93,6 +93,20 @@ def page(browser: Any, server: Server, request: pytest.FixtureRequest) -> Iterat
         ctx.close()
 
 
+def bulk_metrics(server: Any, job_id: str, name: str, points: list[tuple[int, float]]) -> None:
+    from sqlalchemy import insert, select, update
+
+    from service.models import Job, MetricPointRow
+
+    store = server.app.state.ctx.store
+    with store.engine.begin() as c:
+        seq0 = c.execute(select(Job.next_event_seq).where(Job.id == job_id)).scalar_one()
+        c.execute(insert(MetricPointRow), [dict(job_id=job_id, seq=seq0 + i, step=s, name=name, value=v, rank=None,
+                                                time=time.time()) for i, (s, v) in enumerate(points)])
+        c.execute(update(Job).where(Job.id == job_id).values(next_event_seq=seq0 + len(points),
+                                                             step=points[-1][0]))
+
+
 def goto(page: Any, server: Any, hash_: str = "#/jobs") -> None:
     page.goto(f"{server.url}/{hash_}")
 
@@ -213,6 +227,7 @@ def test_job_page_dark_failed(browser: Any, server: Any) -> None:
     d = start_running(server, job["id"], ranks=4)
     for s in range(5):
         d.post(step_items(d, s))
+    d.post([d.item("log", source="rank-1", line="RuntimeError: NCCL timeout")])
     d.state("FAILED", reason="rank 1 raised",
             error="Traceback (most recent call last):\n  ...\nRuntimeError: NCCL timeout")
     ctx = browser.new_context(viewport={"width": 1300, "height": 900}, color_scheme="dark")
@@ -227,6 +242,8 @@ def test_job_page_dark_failed(browser: Any, server: Any) -> None:
         assert "NCCL timeout" in pg.locator(".alert pre").inner_text()
         assert pg.locator("#cancel-button").is_disabled()
         pg.wait_for_function("() => Number(document.querySelector('#chart-loss')?.dataset.points) === 5")
+        pg.locator("#ring svg .rank").nth(3).wait_for()
+        pg.wait_for_function("() => document.querySelector('#logs').textContent.includes('NCCL timeout')")
         bg = pg.evaluate("getComputedStyle(document.documentElement).backgroundColor")
         assert bg != "rgb(247, 248, 250)", bg  # the dark palette is in use
         shot(pg, "dashboard-job-failed-dark")
@@ -275,21 +292,25 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
     n = 100_000
     job = create_job(server, {**SPEC, "name": "100k", "train": {"steps": n}})
     d = start_running(server, job["id"], ranks=4)
+    # 100k points straight into the store (the report API takes ~30 s for that on this box, which is not what
+    # this test measures); the seqs follow the job's own counter exactly as apply_report assigns them
     t0 = time.perf_counter()
-    batch = 10_000
-    for start in range(0, n, batch):
-        items = [d.item("metric", step=s, name="loss", value=6.0 * (0.99997 ** s) + 0.3 * ((s * 7919) % 101) / 101)
-                 for s in range(start, start + batch)]
-        r = d.post(items)
-        assert r.status_code == 200, r.text
+    bulk_metrics(server, job["id"], "loss", [(s, 6.0 * (0.99997 ** s) + 0.3 * ((s * 7919) % 101) / 101)
+                                             for s in range(n)])
     ingest_s = time.perf_counter() - t0
+    d.post(step_items(d, n))  # and a live report on top, through the real protocol
+    with server.client() as c:
+        t = time.perf_counter()
+        r = c.get(f"/v1/jobs/{job['id']}/series", params={"max_points": 4000})
+        series_http_s = time.perf_counter() - t
+        assert r.status_code == 200, r.text
     t1 = time.perf_counter()
     goto(page, server, f"#/jobs/{job['id']}")
     page.wait_for_function("() => (window.__ringtrain?.renders || []).some(r => r.chart === 'loss')", timeout=30000)
     load_s = time.perf_counter() - t1
     snap = page.evaluate("window.__ringtrain.snapshots[0]")
     server_render = page.evaluate("window.__ringtrain.renders.find(r => r.chart === 'loss')")
-    assert snap["points"] == n and snap["returned"] <= 4000
+    assert snap["points"] >= n and snap["returned"] <= 4000 + 40
     # the chart itself with all 100k points (no server downsampling), then 1000 live appends
     raw = page.evaluate("""async (n) => {
         const { LiveChart } = await import('/static/js/charts.js');
@@ -305,7 +326,9 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
         const draws = [];
         for (let i = 0; i < 20; i++) {
             for (let k = 0; k < 50; k++) c.push(n + i * 50 + k, null, 1.0);
-            const t = performance.now(); c.draw(); draws.push(performance.now() - t);
+            c.draw();
+            await new Promise(r => setTimeout(r, 0));  // uPlot commits the redraw in a microtask
+            draws.push(c.lastDrawMs);
         }
         const r = window.__ringtrain.renders.find(r => r.chart === 'raw');
         const hover = performance.now();
@@ -315,7 +338,7 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
                 appendRedrawMsMedian: draws.sort((a, b) => a - b)[10], hoverMs};
     }""", n)
     result = {
-        "points_per_series": n, "ingest_via_report_api_s": round(ingest_s, 2),
+        "points_per_series": n, "bulk_insert_s": round(ingest_s, 2), "series_http_s": round(series_http_s, 3),
         "page_load_to_loss_chart_s": round(load_s, 3),
         "series_snapshot": {k: round(v, 1) if isinstance(v, float) else v for k, v in snap.items() if k != "job"},
         "downsampled_first_draw_ms": round(server_render["ms"], 1),
@@ -328,3 +351,51 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
     assert raw["points"] == n + 1000
     # generous bounds for a shared 2-core CI box; the measured numbers are in the JSON above
     assert server_render["ms"] < 1000 and raw["firstDrawMs"] < 3000 and raw["appendRedrawMsMedian"] < 500
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_real_ray_job_live_and_cancel(browser: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A job run by the real driver on the session's local Ray head: the chart grows live, the ring shows both
+    ranks, and the dashboard's cancel stops it on Ray."""
+    try:
+        from service.ray_jobs import RayJobLauncher
+    except ImportError as e:
+        pytest.skip(f"service.ray_jobs is not available: {e}")
+    import sys
+
+    head = request.getfixturevalue("ray_head")
+    launcher = RayJobLauncher(head.jobs_url, auth_token=head.auth_token, python=sys.executable)
+    srv = Server(make_settings(tmp_path, reconcile_interval_s=1.0, reconcile_grace_s=10.0, scheduler_interval_s=0.2,
+                               cancel_grace_s=60.0, placement_timeout_s=120.0), launcher)
+    ensure_dashboard_routes(srv)
+    srv.start()
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    ctx.add_init_script(f"localStorage.setItem({json.dumps(TOKEN_KEY)}, {json.dumps(ALICE)})")
+    pg = ctx.new_page()
+    errs = PageErrors()
+    pg.on("console", lambda m: errs.messages.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errs.messages.append(str(e)))
+    try:
+        job = create_job(srv, {
+            "name": "ray-live", "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
+            "data": {"kind": "passkey", "seq_len": 128}, "parallel": {"ring_size": 2},
+            "train": {"steps": 5000, "lr": 1e-3}, "checkpoint": {"every_steps": 0}, "eval": {"enabled": False},
+            "resources": {"accelerator": "cpu", "cpus_per_worker": 1}, "max_restarts": 0})
+        pg.goto(f"{srv.url}/#/jobs/{job['id']}")
+        pg.wait_for_function("() => Number(document.querySelector('#chart-loss')?.dataset.points) >= 2", timeout=150000)
+        first = int(pg.locator("#chart-loss").get_attribute("data-points"))
+        pg.wait_for_function(f"() => Number(document.querySelector('#chart-loss').dataset.points) > {first}",
+                             timeout=30000)
+        pg.locator("#ring svg .rank").nth(1).wait_for()
+        assert pg.locator("#ring svg .rank").count() == 2
+        assert pg.locator("#job-state").inner_text() == "RUNNING"
+        shot(pg, "dashboard-ray-job")
+        pg.click("#cancel-button")
+        pg.click("#confirm-yes")
+        pg.wait_for_function("() => document.querySelector('#job-state')?.textContent === 'CANCELLED'", timeout=90000)
+        assert not errs.unexpected(), errs.unexpected()
+    finally:
+        ctx.close()
+        srv.stop()

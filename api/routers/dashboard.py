@@ -13,12 +13,12 @@ screen width up to ~max_points/2 pixels. Series that are short enough are return
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from api.deps import AppContext, Ctx, Owner
 from api.routers.jobs import ERRORS, JobId
@@ -45,33 +45,29 @@ class SeriesSnapshot(BaseModel):
     logs: list[LogOut]
 
 
-def decimate(steps: list[int], values: list[float | None], max_points: int) -> tuple[list[int], list[float | None]]:
-    """First/min/max/last of each of max_points // 4 buckets, in their original order."""
-    n = len(steps)
-    if n <= max_points:
-        return steps, values
-    nb = max(1, max_points // 4)
-    out_s: list[int] = []
-    out_v: list[float | None] = []
-    for b in range(nb):
-        lo, hi = b * n // nb, (b + 1) * n // nb
-        if lo >= hi:
-            continue
-        keep = {lo, hi - 1}
-        imin = imax = None
-        for i in range(lo, hi):
-            v = values[i]
-            if v is None:
-                continue
-            if imin is None or v < values[imin]:  # type: ignore[operator]
-                imin = i
-            if imax is None or v > values[imax]:  # type: ignore[operator]
-                imax = i
-        keep.update(i for i in (imin, imax) if i is not None)
-        for i in sorted(keep):
-            out_s.append(steps[i])
-            out_v.append(values[i])
-    return out_s, out_v
+def decimate(steps: Any, values: Any, max_points: int) -> tuple[list[int], list[float | None]]:
+    """First/min/max/last of each of max_points // 4 equal-count buckets, in their original order."""
+    st = np.asarray(steps, dtype=np.int64)
+    va = np.asarray([np.nan if v is None else v for v in values] if isinstance(values, list) else values,
+                    dtype=np.float64)
+    n = len(st)
+    if n > max_points:
+        nb = max(1, max_points // 4)
+        k = -(-n // nb)
+        nb = -(-n // k)
+        padded = np.full(nb * k, np.nan)
+        padded[:n] = va
+        grid = padded.reshape(nb, k)
+        empty = np.isnan(grid).all(axis=1)
+        safe = np.where(empty[:, None], 0.0, grid)  # nanarg* refuse all-NaN rows
+        base = np.arange(nb) * k
+        imin = base + np.where(empty, 0, np.nanargmin(np.where(np.isnan(grid), np.inf, safe), axis=1))
+        imax = base + np.where(empty, 0, np.nanargmax(np.where(np.isnan(grid), -np.inf, safe), axis=1))
+        first, last = base, np.minimum(base + k - 1, n - 1)
+        keep = np.unique(np.concatenate([first, imin, imax, last]))
+        keep = keep[keep < n]
+        st, va = st[keep], va[keep]
+    return st.tolist(), [None if v != v else v for v in va.tolist()]
 
 
 def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: int) -> SeriesSnapshot:
@@ -79,30 +75,34 @@ def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: 
     job = store.get_job(job_id, owner)
     last = int(job.next_event_seq) - 1
     M = MetricPointRow
+    series: list[SeriesOut] = []
     with store.engine.connect() as conn:
-        rows = conn.execute(
-            select(M.name, M.rank, M.step, M.value)
-            .where(M.job_id == job_id, M.seq <= last)
-            .order_by(M.name, M.rank, M.step, M.seq)
+        keys = conn.execute(
+            select(M.name, M.rank, func.count()).where(M.job_id == job_id, M.seq <= last)
+            .group_by(M.name, M.rank).order_by(M.name, M.rank)
         ).all()
+        for name, rank, count in keys:
+            rows = conn.execute(
+                select(M.step, M.value)
+                .where(M.job_id == job_id, M.name == name, M.rank.is_(None) if rank is None else M.rank == rank,
+                       M.seq <= last)
+                .order_by(M.seq)
+            ).all()
+            steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            values = np.fromiter((np.nan if r[1] is None else r[1] for r in rows), dtype=np.float64, count=len(rows))
+            values[~np.isfinite(values)] = np.nan
+            if len(steps) > 1 and (np.diff(steps) < 0).any():  # steps out of seq order: sort by step, stable
+                order = np.argsort(steps, kind="stable")
+                steps, values = steps[order], values[order]
+            s, v = decimate(steps, values, max_points)
+            series.append(SeriesOut(name=name, rank=rank, count=int(count), downsampled=len(s) < count,
+                                    step=s, value=v))
         log_rows = conn.execute(
             select(LogLine.seq, LogLine.time, LogLine.source, LogLine.line)
             .where(LogLine.job_id == job_id, LogLine.seq <= last)
             .order_by(LogLine.seq.desc()).limit(n_logs)
         ).all() if n_logs else []
     transitions = [t for t in store.transitions(job_id) if t.seq <= last]
-    series: list[SeriesOut] = []
-    groups: dict[tuple[str, int | None], tuple[list[int], list[Any]]] = {}
-    for name, rank, step, value in rows:
-        g = groups.get((name, rank))
-        if g is None:
-            g = groups[(name, rank)] = ([], [])
-        g[0].append(int(step))
-        g[1].append(value if value is not None and math.isfinite(value) else None)
-    for (name, rank), (steps, values) in groups.items():
-        s, v = decimate(steps, values, max_points)
-        series.append(SeriesOut(name=name, rank=rank, count=len(steps), downsampled=len(s) < len(steps),
-                                step=s, value=v))
     logs = [LogOut(seq=r.seq, time=r.time, source=r.source, line=r.line) for r in reversed(log_rows)]
     return SeriesSnapshot(job=JobOut.of(job, transitions), last_seq=last, max_points=max_points,
                           series=series, logs=logs)

@@ -126,6 +126,7 @@ export class LiveChart {
     this.count.textContent = n ? `${n.toLocaleString("en-US")} pts` : "";
     if (n === 0) return;
     if (!this.u || this.keysChanged) { this.rebuild(); return; }
+    this.drawStart = performance.now();
     this.u.setData(this.data(), !this.userZoom);
   }
 
@@ -144,17 +145,20 @@ export class LiveChart {
       value: (u, v) => (v === null || v === undefined ? "—" : fmt(v)),
     }))];
     const t0 = performance.now();
+    this.drawStart = t0;
     let measured = false;
     const points = this.xs.length;
     const opts = {
       width: this.width(), height: HEIGHT, series,
       scales: { x: { time: false } },
-      axes: [{ ...axis }, { ...axis, size: 64, values: (u, splits) => splits.map((v) => fmt(v)) }],
+      axes: [{ ...axis }, { ...axis, values: (u, splits) => splits.map((v) => fmt(v)),
+        size: (u, values) => 18 + 7 * Math.max(3, ...(values || []).map((v) => String(v).length)) }],
       cursor: { drag: { x: true, y: false, setScale: true } },
       legend: { live: true },
       hooks: {
         setSelect: [(u) => { if (u.select.width > 2) this.userZoom = true; }],
         draw: [() => {
+          this.lastDrawMs = performance.now() - this.drawStart;
           if (measured) return;
           measured = true;
           timings.renders.push({ chart: this.opts.id, points, series: this.keys.length, ms: performance.now() - t0 });

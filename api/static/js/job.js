@@ -60,9 +60,14 @@ export function mountJob(root, jobId) {
     timers.add(t);
     return t;
   }
-  function throttled(fn, ms) {
-    let pending = null;
-    return () => { if (!pending) pending = later(() => { pending = null; if (!destroyed) fn(); }, ms); };
+  function throttled(fn, ms) { // leading call now, then at most one per `ms`
+    let pending = null, last = -Infinity;
+    const run = () => { pending = null; last = performance.now(); if (!destroyed) fn(); };
+    return () => {
+      if (pending) return;
+      const wait = last + ms - performance.now();
+      if (wait <= 0) run(); else pending = later(run, wait);
+    };
   }
 
   // ---- rendering ------------------------------------------------------------------------------

@@ -59,10 +59,12 @@ function ringSvg(ranks, ringIdx, nRings, color, perRank) {
   const R = Math.max(70, n * 16);
   const pad = labels ? 110 : 50;
   const size = 2 * (R + pad);
+  const side = labels ? 70 : 0; // room for the labels left and right of the ring
   const c = size / 2;
+  const cx = c + side;
   const pos = (i, rad = R) => {
     const a = -Math.PI / 2 + (2 * Math.PI * i) / n;
-    return [c + rad * Math.cos(a), c + rad * Math.sin(a), a];
+    return [cx + rad * Math.cos(a), c + rad * Math.sin(a), a];
   };
   let crossings = 0;
   const edges = [];
@@ -89,11 +91,11 @@ function ringSvg(ranks, ringIdx, nRings, color, perRank) {
       const half = Math.PI / n;
       const a0 = -Math.PI / 2 + (2 * Math.PI * start) / n - half * 0.8;
       const a1 = -Math.PI / 2 + (2 * Math.PI * (i - 1)) / n + half * 0.8;
-      const p0 = [c + ro * Math.cos(a0), c + ro * Math.sin(a0)], p1 = [c + ro * Math.cos(a1), c + ro * Math.sin(a1)];
+      const p0 = [cx + ro * Math.cos(a0), c + ro * Math.sin(a0)], p1 = [cx + ro * Math.cos(a1), c + ro * Math.sin(a1)];
       const large = a1 - a0 > Math.PI ? 1 : 0;
       const full = i - start === n;
       arcs.push(full
-        ? s("circle", { cx: c, cy: c, r: ro, fill: "none", stroke: color(node), "stroke-width": 6, opacity: 0.55 })
+        ? s("circle", { cx, cy: c, r: ro, fill: "none", stroke: color(node), "stroke-width": 6, opacity: 0.55 })
         : s("path", { d: `M${p0[0]},${p0[1]} A${ro},${ro} 0 ${large} 1 ${p1[0]},${p1[1]}`, fill: "none",
           stroke: color(node), "stroke-width": 6, "stroke-linecap": "round", opacity: 0.55 }));
       start = i;
@@ -109,7 +111,7 @@ function ringSvg(ranks, ringIdx, nRings, color, perRank) {
       s("text", { x, y: y + 4, "text-anchor": "middle", class: "rank-num" }, p.rank));
     if (labels) {
       const lr = R + 58;
-      const lx = c + lr * Math.cos(a), ly = c + lr * Math.sin(a);
+      const lx = cx + lr * Math.cos(a), ly = c + lr * Math.sin(a);
       const anchor = Math.abs(Math.cos(a)) < 0.3 ? "middle" : Math.cos(a) > 0 ? "start" : "end";
       g.append(s("text", { x: lx, y: ly - 6, "text-anchor": anchor, class: "device" }, p.device),
         s("text", { x: lx, y: ly + 8, "text-anchor": anchor, class: "sub" },
@@ -119,11 +121,11 @@ function ringSvg(ranks, ringIdx, nRings, color, perRank) {
   });
   const title = nRings > 1 ? `ring ${ringIdx}` : `ring of ${n}`;
   const svg = s("svg", {
-    class: "ring-svg", viewBox: `0 0 ${size} ${size}`, width: Math.min(size, 520), role: "img",
+    class: "ring-svg", viewBox: `0 0 ${size + 2 * side} ${size}`, width: Math.min(size + 2 * side, 640), role: "img",
     "data-ring": ringIdx, "data-crossings": crossings,
     "aria-label": `${title}: ${n} ranks on ${new Set(ranks.map((r) => r.node_id)).size} node(s), ${crossings} node crossing(s)`,
   }, arcs, edges, dots,
-  s("text", { x: c, y: c - 4, "text-anchor": "middle", class: "node-label" }, title),
-  s("text", { x: c, y: c + 12, "text-anchor": "middle", class: "sub" }, `${crossings} crossing${crossings === 1 ? "" : "s"}`));
+  s("text", { x: cx, y: c - 4, "text-anchor": "middle", class: "node-label" }, title),
+  s("text", { x: cx, y: c + 12, "text-anchor": "middle", class: "sub" }, `${crossings} crossing${crossings === 1 ? "" : "s"}`));
   return { svg, crossings };
 }
