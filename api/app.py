@@ -85,6 +85,12 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     errors.install(app)
     for r in (jobs.router, events.router, reports.router, cluster.router, health.router):
         app.include_router(r)
+    try:  # the dashboard's own data routes, when its module is present
+        from api.routers import dashboard
+
+        app.include_router(dashboard.router)
+    except ImportError:
+        pass
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                        max_report_bytes=settings.max_report_bytes)

@@ -18,13 +18,15 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select, text
+from sqlalchemy import Engine, delete, func, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import lifecycle
 from service.models import Job, LogLine, MetricPointRow, Transition
 from workers.config import JobSpec
 from workers.reports import JobState, LogItem, MetricItem, ReportItem, StateItem
+
+_METRIC_KEYS = ("seq", "step", "name", "value", "rank", "time")
 
 
 class StoreError(RuntimeError):
@@ -286,6 +288,13 @@ class Store:
             now = time.time()
             events: list[Event] = []
             latest = dict(job.latest or {})
+            pending: list[dict[str, Any]] = []
+
+            def flush() -> None:  # metric points go in as one multi-row insert
+                if pending:
+                    s.execute(insert(MetricPointRow), pending)
+                    pending.clear()
+
             for it in fresh:
                 if it.seq == res.acked_seq:  # duplicate inside the batch
                     continue
@@ -293,21 +302,24 @@ class Store:
                     res.applied_to = res.acked_seq
                     break
                 if isinstance(it, MetricItem):
-                    p = MetricPointRow(job_id=job_id, seq=self._next_seq(job), step=it.step, name=it.name,
-                                       value=finite(it.value), rank=it.rank, time=it.time)
-                    s.add(p)
-                    events.append(metric_event(p))
+                    row = {"job_id": job_id, "seq": self._next_seq(job), "step": it.step, "name": it.name,
+                           "value": finite(it.value), "rank": it.rank, "time": it.time}
+                    pending.append(row)
+                    events.append(Event(row["seq"], "metric", {k: row[k] for k in _METRIC_KEYS}))
                     res.points += 1
                     job.step = it.step
                     if it.rank is None:
-                        latest[it.name] = {"step": it.step, "value": finite(it.value), "seq": p.seq, "time": it.time}
+                        latest[it.name] = {"step": it.step, "value": row["value"], "seq": row["seq"],
+                                           "time": it.time}
                 elif isinstance(it, LogItem):
                     r = LogLine(job_id=job_id, seq=self._next_seq(job), time=it.time, source=it.source, line=it.line)
                     s.add(r)
                     events.append(log_event(r))
                 elif isinstance(it, StateItem):
+                    flush()
                     latest = self._apply_state(s, job, it, events, latest, now)
                 res.acked_seq = it.seq
+            flush()
             job.latest = latest
             job.last_report_seq = res.acked_seq
             job.updated_at = now

@@ -50,7 +50,8 @@ def test_submit_succeeds_with_metrics_and_cli(tmp_path, launcher, capsys, monkey
         end = [e for e in c.events(job.id, read_timeout=120)][-1]
         got = c.get_job(job.id)
         assert end.data["state"] == "SUCCEEDED", (got.error, c.logs(job.id).driver_log)
-        assert got.step == got.total_steps == 4 and len(got.placement) == 2 and {p.rank for p in got.placement} == {0, 1}
+        assert got.step == got.total_steps == 4
+        assert len(got.placement) == 2 and {p.rank for p in got.placement} == {0, 1}
         names = {p.name for p in c.iter_metrics(job.id)}
         assert {"loss", "tokens_per_s"} <= names
         losses = [p for p in c.iter_metrics(job.id, names=["loss"])]
