@@ -25,12 +25,16 @@ K = 4
 LOSS_RTOL = 1e-5
 PARAM_ATOL = 2e-5
 
-CASES = [  # (ring_size, data_parallel, layout, activation_checkpointing)
-    (2, 1, "zigzag", False),
-    (3, 1, "striped", False),
-    (4, 1, "zigzag", True),
-    (2, 2, "contiguous", False),
-]
+# One spawn per world size (spawning costs more than these tiny runs): {world: [(ring, dp, layout, act. ckpt)]}
+CASES = {
+    2: [(2, 1, "zigzag", False)],
+    3: [(3, 1, "striped", False)],
+    4: [(4, 1, "zigzag", True), (2, 2, "contiguous", False)],
+}
+
+
+def _train_cases(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dict]:
+    return [train(rank, world, spec, out, K) for spec, out in cases]
 
 
 @pytest.mark.multiprocess
@@ -45,25 +49,30 @@ def test_rings_match_single_process(tmp_path):
     moved = max(float((ref_w[k] - init[k]).abs().max()) for k in ref_w)
     assert moved > 100 * PARAM_ATOL, moved  # measured ≈ 1e-2; the tolerance is far below what training changes
 
-    for ring, dp, layout, ac in CASES:
-        spec = tiny_spec(
-            parallel={"ring_size": ring, "data_parallel": dp, "layout": layout},
-            train={"activation_checkpointing": ac},
-        )
-        out = tmp_path / f"r{ring}d{dp}{layout}"
-        results = run_distributed(train, ring * dp, spec.model_dump_json(), str(out), K)
-        loss = series(results[0]["points"], "loss")
-        torch.testing.assert_close(
-            torch.tensor(loss), torch.tensor(ref_loss), rtol=LOSS_RTOL, atol=0, msg=f"loss, ring {ring}×dp {dp}"
-        )
-        for other in results[1:]:  # only rank 0 reports the loss
-            assert series(other["points"], "loss") == []
-        w = final_weights(out)
-        assert w.keys() == ref_w.keys()
-        for name in ref_w:
-            torch.testing.assert_close(
-                w[name], ref_w[name], rtol=0, atol=PARAM_ATOL, msg=f"{name}, ring {ring}×dp {dp} {layout}"
+    for world, cases in CASES.items():
+        runs = []
+        for ring, dp, layout, ac in cases:
+            spec = tiny_spec(
+                parallel={"ring_size": ring, "data_parallel": dp, "layout": layout},
+                train={"activation_checkpointing": ac},
             )
-        mem = [p for r in results for p in r["points"] if p["name"] == "mem_peak_bytes"]
-        assert sorted({p["rank"] for p in mem}) == list(range(ring * dp))
-        assert all(p["value"] > 0 for p in mem)
+            runs.append((spec.model_dump_json(), str(tmp_path / f"r{ring}d{dp}{layout}")))
+        per_rank = run_distributed(_train_cases, world, runs)
+        for c, (ring, dp, layout, _) in enumerate(cases):
+            _check(
+                tmp_path / f"r{ring}d{dp}{layout}", [r[c] for r in per_rank], ref_loss, ref_w, f"ring {ring}×dp {dp}"
+            )
+
+
+def _check(out, results, ref_loss, ref_w, what):
+    loss = series(results[0]["points"], "loss")
+    torch.testing.assert_close(torch.tensor(loss), torch.tensor(ref_loss), rtol=LOSS_RTOL, atol=0, msg=f"loss, {what}")
+    for other in results[1:]:  # only rank 0 reports the loss
+        assert series(other["points"], "loss") == []
+    w = final_weights(out)
+    assert w.keys() == ref_w.keys()
+    for name in ref_w:
+        torch.testing.assert_close(w[name], ref_w[name], rtol=0, atol=PARAM_ATOL, msg=f"{name}, {what}")
+    mem = [p for r in results for p in r["points"] if p["name"] == "mem_peak_bytes"]
+    assert sorted({p["rank"] for p in mem}) == list(range(len(results)))
+    assert all(p["value"] > 0 for p in mem)

@@ -163,12 +163,5 @@ def build_model(cfg: ModelConfig, seed: int, activation_checkpointing: bool = Fa
 
 
 def attention_backend(device: torch.device) -> str:
-    """Name of the ring attention block kernel, as reported by workers.attention when it says."""
-    for name in ("backend_name", "active_backend", "get_backend"):
-        fn = getattr(attention, name, None)
-        if callable(fn):
-            try:
-                return str(fn(device))
-            except TypeError:
-                return str(fn())
-    return "torch-sdpa-cuda" if device.type == "cuda" else "torch-sdpa-cpu"
+    """Name of the ring attention block kernel for the dtype the model feeds it (bf16 under CUDA autocast)."""
+    return attention.attention_backend(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
