@@ -14,6 +14,19 @@ function lowerBound(xs, x) {
   return lo;
 }
 
+/** Axis labels: the chart's own format, with more digits where it would print two ticks the same. */
+export function tickLabels(splits, fmt) {
+  let labels = splits.map((v) => (v === null ? "" : fmt(v)));
+  for (let d = 2; d <= 8 && new Set(labels).size < labels.length; d++) {
+    labels = splits.map((v) => {
+      if (v === null) return "";
+      const a = Math.abs(v);
+      return a !== 0 && (a < 1e-3 || a >= 1e6) ? v.toExponential(d) : String(+v.toPrecision(d + 1));
+    });
+  }
+  return labels;
+}
+
 export class LiveChart {
   /**
    * @param {HTMLElement} parent where the <figure> goes
@@ -151,7 +164,7 @@ export class LiveChart {
     const opts = {
       width: this.width(), height: HEIGHT, series,
       scales: { x: { time: false } },
-      axes: [{ ...axis }, { ...axis, values: (u, splits) => splits.map((v) => fmt(v)),
+      axes: [{ ...axis }, { ...axis, values: (u, splits) => tickLabels(splits, fmt),
         size: (u, values) => 18 + 7 * Math.max(3, ...(values || []).map((v) => String(v).length)) }],
       cursor: { drag: { x: true, y: false, setScale: true } },
       legend: { live: true },

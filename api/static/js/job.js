@@ -125,7 +125,7 @@ export function mountJob(root, jobId) {
       : "No log lines yet.";
     if (atBottom) logBox.scrollTop = logBox.scrollHeight;
   }, 300);
-  const renderHeadSoon = throttled(renderHead, 500);
+  const renderHeadSoon = throttled(renderHead, 250);
 
   // ---- data -----------------------------------------------------------------------------------
   function notePoint(name, rank, step, value) {
