@@ -302,6 +302,7 @@ class JobDriver:
                 log.info("job %s cancelled", self.cfg.job_id)
                 return 0
             except RankLost as e:
+                self._salvage_metrics()
                 self._teardown()  # before reading the checkpoint: no rank may still be writing one
                 if self.restarts >= self.spec.max_restarts:
                     msg = f"rank lost and max_restarts ({self.spec.max_restarts}) reached: {e}"
@@ -310,6 +311,9 @@ class JobDriver:
                     return 1
                 self.restarts += 1
                 step = self._resume_step()
+                if step > self.last_step:
+                    log.warning("points of steps %d..%d were lost with their rank and are not re-run (resuming "
+                                "from the checkpoint at step %d)", self.last_step + 1, step, step)
                 resume = None  # RETRYING carries it; PLACING after it need not repeat it
                 reason = f"{e}; restart {self.restarts}/{self.spec.max_restarts}, resuming from step {step}"
                 log.warning(reason)
@@ -388,15 +392,30 @@ class JobDriver:
                 continue
         return False
 
-    def _forward_metrics(self, g: RankGroup) -> None:
+    def _salvage_metrics(self) -> None:
+        """After a rank died: forward what the surviving ranks still buffer (steps up to the checkpoint we resume
+        from are not run again, so points left behind now would be missing for good)."""
+        g = self.group
+        if g is None or not g.actors or not g.assignments:
+            return
+        try:
+            self._forward_metrics(g, tolerate_dead=True)
+        except Exception as e:
+            log.warning("could not collect metrics from surviving ranks: %s", _short(e))
+
+    def _forward_metrics(self, g: RankGroup, tolerate_dead: bool = False) -> None:
         """Global points from rank 0, per-rank points (mem_peak_bytes) from every rank, in step order."""
         refs = [g.actor(r).drain_metrics.remote() for r in range(len(g.assignments))]
         points: list[tuple[int, int, MetricPoint]] = []
+        lost: RankLost | None = None
         for r, ref in enumerate(refs):
             try:
                 batch = ray.get(ref, timeout=10)
             except _lost_errors() as e:
-                raise RankLost(f"rank {r} died: {_short(e)}") from e
+                if lost is None and not tolerate_dead:
+                    lost = RankLost(f"rank {r} died: {_short(e)}")
+                    lost.__cause__ = e
+                continue  # still forward what the other ranks gave us: their buffers are already drained
             except ray.exceptions.GetTimeoutError:
                 continue
             for i, raw in enumerate(batch):
@@ -406,7 +425,10 @@ class JobDriver:
                 points.append((p.step, r * 1_000_000 + i, p))
         for _, _, p in sorted(points, key=lambda t: (t[0], t[1])):
             self.reporter.metric(p)
-            self.last_step = max(self.last_step, p.step)
+            if p.rank is None:
+                self.last_step = max(self.last_step, p.step)
+        if lost is not None:
+            raise lost
 
     def _stop_gracefully(self) -> None:
         """Ask ranks to stop (they finish the step and checkpoint), wait briefly, then release everything."""
@@ -469,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum: int, frame: Any) -> None:
         cancel.set()
 
+    # Before ray.init too (a stop during connect still ends as CANCELLED), and again after it: ray.init installs
+    # its own SIGTERM handler, which would just sys.exit() and leave the job without a final state.
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     reporter = Reporter(cfg.control_url, cfg.job_id, cfg.ingest_token)
@@ -483,7 +507,19 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(cfg.checkpoint_dir, exist_ok=True)
         ray.init(address=os.environ.get("RAY_ADDRESS") or "auto", namespace=ACTOR_NAMESPACE,
                  log_to_driver=True, logging_level=logging.WARNING)
-        rc = JobDriver(cfg, reporter, cancel).run()
+        signal.signal(signal.SIGTERM, on_term)
+        if cancel.is_set():
+            reporter.state(JobState.CANCELLED, "stopped on request before training started")
+            rc = 0
+        else:
+            rc = JobDriver(cfg, reporter, cancel).run()
+    except SystemExit as e:
+        if e.code in (signal.SIGTERM, int(signal.SIGTERM)) or cancel.is_set():  # stopped while connecting
+            reporter.state(JobState.CANCELLED, "stopped on request before training started")
+            rc = 0
+        else:
+            reporter.state(JobState.FAILED, f"driver exited: {e.code}", error=f"SystemExit({e.code})")
+            rc = 1
     except BaseException as e:  # ray.init failed, or the like: report it rather than die silently
         msg = f"driver could not run: {type(e).__name__}: {e}"
         reporter.state(JobState.FAILED, _first_line(msg), error=msg + "\n" + traceback.format_exc())
