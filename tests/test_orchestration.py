@@ -39,9 +39,8 @@ def tiny_spec(**over: Any) -> JobSpec:
         "max_restarts": 1,
     }
     for k, v in over.items():
-        merge = isinstance(v, dict) and isinstance(base.get(k), dict) and v.get("kind", base[k].get("kind")) == base[k].get(
-            "kind"
-        )
+        same_kind = isinstance(base.get(k), dict) and v.get("kind", base[k].get("kind")) == base[k].get("kind")
+        merge = isinstance(v, dict) and same_kind
         base[k] = {**base[k], **v} if merge else v
     return JobSpec.model_validate(base)
 
@@ -83,7 +82,7 @@ class Harness:
         try:
             return self.receiver.wait_state(job_id, TERMINAL, timeout_s)
         except TimeoutError as e:
-            raise TimeoutError(f"{e}\nRay status {self.launcher.status(sid)}\n{self.launcher.logs(sid)[-4000:]}")
+            raise TimeoutError(f"{e}\nRay status {self.launcher.status(sid)}\n{self.launcher.logs(sid)[-4000:]}") from e
 
 
 @pytest.fixture()
