@@ -112,8 +112,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         con.print(f"\n[bold green]demo job {job.id} submitted[/bold green] ({spec.name})")
         con.print(f"  dashboard: [bold]{url}/[/bold]  (job {job.id})")
         con.print(f"  token:     {token}")
-        con.print(f"  follow:    RINGTRAIN_URL={url} ringtrain submit {spec} --follow   or   "
-                  f"ringtrain status {job.id}\n")
+        con.print(f"  watch:     RINGTRAIN_URL={url} ringtrain status {job.id}   (or ringtrain logs {job.id})\n",
+                  soft_wrap=True)
 
     return _run_server(settings, on_ready=ready)
 
