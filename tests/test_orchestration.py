@@ -305,3 +305,22 @@ def test_reporter_wrong_token_never_blocks_and_close_is_bounded(report_receiver:
     assert rep.close(timeout_s=1.0) is False
     assert time.monotonic() - t0 < 5.0
     assert "401" in (rep.last_error or "")
+
+
+def test_reporter_isolates_and_drops_an_item_the_server_refuses(report_receiver: ReportReceiver) -> None:
+    rec = report_receiver
+    job = rec.add_job("r3", "t")
+    real = rec.handle
+
+    def picky(job_id: str, auth: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        if b'"poison"' in body:
+            return 422, {"message": "unacceptable item"}
+        return real(job_id, auth, body)
+
+    rec.handle = picky  # type: ignore[method-assign]
+    rep = Reporter(rec.url, "r3", "t", interval_s=0.05, backoff_max_s=0.1)
+    for s in range(1, 21):
+        rep.metric(MetricPoint(step=s, name="poison" if s == 7 else "loss", value=1.0, time=time.time()))
+    assert rep.close(10)
+    assert [p["step"] for p in job.points] == [s for s in range(1, 21) if s != 7]
+    assert job.arrival == list(range(1, 20))  # gap-free although one item was dropped

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -291,9 +292,10 @@ class JobDriver:
                 self._teardown()
                 if result.get("stopped") and self.cancelled():
                     raise Cancelled()
-                self.reporter.state(JobState.SUCCEEDED, f"finished at step {result['final_step']}",
-                                    metadata={"final_step": int(result["final_step"]),
-                                              "final_loss": float(result["final_loss"] or float("nan"))})
+                meta: dict[str, str | int | float | bool] = {"final_step": int(result["final_step"])}
+                if result.get("final_loss") is not None and math.isfinite(result["final_loss"]):
+                    meta["final_loss"] = float(result["final_loss"])
+                self.reporter.state(JobState.SUCCEEDED, f"finished at step {result['final_step']}", metadata=meta)
                 log.info("job %s succeeded: %s", self.cfg.job_id, result)
                 return 0
             except Cancelled:

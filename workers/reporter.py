@@ -57,6 +57,7 @@ class Reporter:
         self.acked_seq = 0
         self._handshake_done = not handshake
         self._max_batch = max_batch
+        self._limit = max_batch  # shrinks to isolate an item the server refuses (413/422)
         self._max_queue = max_queue
         self._interval_s = interval_s
         self._backoff_max_s = backoff_max_s
@@ -127,7 +128,7 @@ class Reporter:
                         factory, _ = self._queue.popleft()
                         self._window.append(factory(self._next_seq))
                         self._next_seq += 1
-                batch = list(self._window)
+                batch = self._window[: self._limit]
             ok = self._post(batch)
             if ok:
                 backoff = 0.0
@@ -157,6 +158,8 @@ class Reporter:
         if not batch and resp.status_code == 422:  # a server that refuses empty batches: assume a fresh job
             self._ack(0, rebase=False)
             return True
+        if resp.status_code in (400, 413, 422) and batch:
+            return self._refused(batch, resp)
         if resp.status_code >= 300:
             return self._fail(f"HTTP {resp.status_code}: {resp.text[:300]}")
         try:
@@ -165,6 +168,22 @@ class Reporter:
             return self._fail(f"bad ack: {e}")
         self._ack(ack.acked_seq, rebase=not batch)
         self.failures = 0
+        self._limit = min(self._max_batch, self._limit * 2)
+        return True
+
+    def _refused(self, batch: list[ReportItemT], resp: httpx.Response) -> bool:
+        """The server rejects the batch itself (too large, or an item it cannot accept): halve the batch until a
+        single item is refused, then drop that item and renumber the rest so the sequence stays gap-free."""
+        if len(batch) > 1:
+            self._limit = max(1, len(batch) // 2)
+            return True
+        with self._cond:
+            if self._window and self._window[0].seq == batch[0].seq:
+                bad = self._window.pop(0)
+                self._window = [it.model_copy(update={"seq": it.seq - 1}) for it in self._window]
+                self._next_seq -= 1
+                log.error("control plane refused report item %s (HTTP %d: %s); dropped it", bad.model_dump_json()[:300],
+                          resp.status_code, resp.text[:300])
         return True
 
     def _ack(self, acked: int, *, rebase: bool) -> None:
