@@ -160,7 +160,6 @@ def test_from_windows_default_weights():
     assert torch.equal(b.weights, torch.ones(2, 4)) and b.positions.tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.slow
 def test_loss_decreases_on_a_small_passkey_run():
     spec = tiny_spec(
         model={"d_model": 64},
@@ -174,3 +173,19 @@ def test_loss_decreases_on_a_small_passkey_run():
     first, last = sum(loss[:5]) / 5, sum(loss[-5:]) / 5
     assert first > 4.5  # ≈ ln 256 at init
     assert last < 0.6 * first, (first, last)  # filler is predictable: a working model learns it quickly
+
+
+def test_text_job_trains_and_resumes_its_data_position(tmp_path):
+    _write_corpora(tmp_path)
+    spec = tiny_spec(
+        data={"kind": "text", "seq_len": 64, "path": str(tmp_path / "c.jsonl"), "text_field": "body"},
+        train={"steps": 4, "batch_size": 2, "warmup_steps": 0},
+    )
+    points = []
+    first = run_training(spec, checkpoint_dir=tmp_path / "ck", emit=points.append, max_steps=2)
+    second = run_training(spec, checkpoint_dir=tmp_path / "ck", emit=points.append)
+    assert (first.final_step, second.resumed_from, second.final_step) == (2, 2, 4)
+    state = torch.load(tmp_path / "ck" / "step-000004" / "state.pt", weights_only=False)
+    assert state["data"]["samples_consumed"] == 8 and state["data"]["kind"] == "text"
+    loss = series([p.model_dump() for p in points], "loss")
+    assert len(loss) == 4 and all(0 < v < 7 for v in loss)

@@ -35,7 +35,8 @@ def tiny_spec(**over: Any) -> JobSpec:
         "eval": {"enabled": False},
     }
     for key, value in over.items():
-        base[key] = {**base[key], **value} if isinstance(value, dict) else value
+        same_kind = isinstance(value, dict) and value.get("kind", base[key].get("kind")) == base[key].get("kind")
+        base[key] = {**base[key], **value} if same_kind else value  # another data kind replaces the whole section
     return JobSpec.model_validate(base)
 
 
