@@ -7,7 +7,7 @@ data position); each rank writes its own RNG states.
 
     step-000050/model.safetensors   fp32 weights
     step-000050/state.pt            {"step", "optimizer", "scheduler", "data", "extra"}
-    step-000050/rng-rank00003.pt    torch/cuda/python/numpy RNG of rank 3
+    step-000050/rng-rank00003.pt    torch/cuda (own device)/python/numpy RNG of rank 3
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ def rng_state() -> dict[str, Any]:
         "python": random.getstate(),
         "numpy": np.random.get_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # This rank's device only: *_all would create a context on every GPU the process can see.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -85,7 +86,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: dict[str, Any], keep: int) -> Path:
