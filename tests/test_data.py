@@ -53,6 +53,13 @@ def test_passkey_key_sits_at_requested_depth(depth):
     assert ByteTokenizer().decode(s.tokens[1:][s.answer_start :]) == s.key  # labels at answer_start.. = key
 
 
+@pytest.mark.parametrize(("seq_len", "digits"), [(64, 1), (64, 3), (80, 5), (320, 20)])
+def test_passkey_fits_the_shortest_lengths_the_spec_allows(seq_len, digits):
+    s = make_sample(seq_len, digits, 0.5, sample_generator(0, 0))
+    text = ByteTokenizer().decode(s.tokens)
+    assert len(s.tokens) == seq_len + 1 and text.endswith(s.key) and text.count(s.key) >= 2
+
+
 def test_passkey_random_depth_and_keys_vary_but_are_deterministic():
     src = PasskeySource(512, 5, None, 1.0, seed=11)
     a, b = src.global_batch(4, 8), src.global_batch(4, 8)

@@ -6,7 +6,9 @@ Layout of one sample (exactly seq_len + 1 bytes, so it yields seq_len inputs and
 
 `depth` is the needle's relative position inside the haystack (0 = right after the intro, 1 = just
 before the question). The answer bytes (the key after the question) are the last labels; their
-loss weight is `answer_weight`, every other label weighs 1.
+loss weight is `answer_weight`, every other label weighs 1. Contexts too short for this phrasing drop
+the intro, then switch to a compact one ("pass key 123. " … "pass key? 123"), so every length the
+spec accepts (seq_len ≥ 64 and ≥ 16 · key_digits) holds a sample.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ INTRO = "There is an important pass key hidden inside a lot of irrelevant text. 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "What is the pass key? The pass key is "
+SHORT_NEEDLE = "pass key {key}. "
+SHORT_QUESTION = "pass key? "
 
 _TOK = ByteTokenizer()
 
@@ -44,15 +48,19 @@ def make_sample(
     key = str(first) + "".join(map(str, rest))
     if depth is None:
         depth = float(torch.rand((), generator=generator))
-    intro, needle, question, answer = (_TOK.encode(s) for s in (INTRO, NEEDLE.format(key=key), QUESTION, key))
     total = seq_len + 1
-    haystack = total - len(intro) - len(needle) - len(question) - len(answer)
-    if haystack < 0:
-        # Very short contexts: drop the intro rather than fail (the spec already bounds seq_len).
-        intro = []
-        haystack = total - len(needle) - len(question) - len(answer)
-        if haystack < 0:
-            raise ValueError(f"seq_len {seq_len} is too short for a {key_digits}-digit passkey")
+    answer = _TOK.encode(key)
+    for intro_s, needle_s, question_s in (
+        (INTRO, NEEDLE, QUESTION),
+        ("", NEEDLE, QUESTION),  # short contexts: drop the intro first,
+        ("", SHORT_NEEDLE, SHORT_QUESTION),  # then use the compact phrasing (fits any spec-valid length)
+    ):
+        intro, needle, question = (_TOK.encode(x) for x in (intro_s, needle_s.format(key=key), question_s))
+        haystack = total - len(intro) - len(needle) - len(question) - len(answer)
+        if haystack >= 0:
+            break
+    else:
+        raise ValueError(f"seq_len {seq_len} is too short for a {key_digits}-digit passkey")
     filler = _TOK.encode(FILLER * (haystack // len(FILLER) + 1))[:haystack]
     cut = round(depth * haystack)
     ids = intro + filler[:cut] + needle + filler[cut:] + question + answer
