@@ -115,10 +115,11 @@ def check_data_path(spec: JobSpec, roots: list[Path]) -> None:
     """`data.path` must resolve (symlinks included) inside one of the allowed data roots."""
     if spec.data.kind != "text":
         return
-    p = Path(spec.data.path).expanduser()
+    # expanduser raises RuntimeError for an unknown ~user; resolve raises ValueError for a NUL byte and
+    # OSError/RuntimeError for a symlink loop: all are the caller's bad path, not a server error
     try:
-        resolved = p.resolve()
-    except (OSError, RuntimeError) as e:
+        resolved = Path(spec.data.path).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError) as e:
         raise ApiError(422, f"data.path cannot be resolved: {e}", field="data.path") from e
     if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
         allowed = ", ".join(str(r) for r in roots)

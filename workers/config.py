@@ -81,6 +81,15 @@ class TextData(StrictModel):
     path: str = Field(..., min_length=1, max_length=4096)
     text_field: str = Field("text", min_length=1, max_length=256, description="field read from .jsonl/.parquet")
 
+    @field_validator("path", "text_field")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        # a NUL or other control character is never part of a real file or field name, and os/pathlib
+        # functions raise ValueError on NUL instead of answering
+        if not v.isprintable():
+            raise ValueError("must not contain control or other non-printable characters")
+        return v
+
 
 DataConfig = Annotated[PasskeyData | TextData, Field(discriminator="kind")]
 
@@ -134,7 +143,7 @@ class EvalConfig(StrictModel):
 
 class ResourcesConfig(StrictModel):
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
-    cpus_per_worker: float = Field(1.0, gt=0, le=1024)
+    cpus_per_worker: float = Field(1.0, ge=1e-4, le=1024, description="≥ 0.0001: Ray's resource granularity")
 
 
 class JobSpec(StrictModel):
@@ -151,8 +160,10 @@ class JobSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v.strip() or any(ord(c) < 32 for c in v):
-            raise ValueError("name must be printable and not blank")
+        # isprintable() also refuses DEL, C1 controls (e.g. a terminal's CSI), bidi overrides and lone
+        # surrogates, which `ord(c) < 32` let through into terminals, logs and the dashboard
+        if not v.strip() or not v.isprintable():
+            raise ValueError("name must be printable (no control characters) and not blank")
         return v
 
     @model_validator(mode="after")
