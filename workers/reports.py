@@ -31,6 +31,14 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
+# Bounds of the store's columns (BIGINT / INTEGER): a larger number is refused here with a 422 instead of
+# failing inside the database driver (OverflowError → 500). Times must be finite: an inf time was stored
+# and then broke every SSE stream of the job (events are strict JSON); a NaN one hit a NOT NULL column.
+BIG = 2**63 - 1
+SMALL = 2**31 - 1
+Time = Annotated[float, Field(allow_inf_nan=False, description="unix seconds")]
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=True)
 
@@ -38,46 +46,46 @@ class _Wire(BaseModel):
 class RankPlacement(_Wire):
     """Where one ring rank runs. `device` is e.g. "cuda:0" or "cpu"."""
 
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, le=SMALL)
     node_id: str
     node_ip: str | None = None
     device: str
-    ring: int = Field(0, ge=0, description="data-parallel replica this rank's ring belongs to")
+    ring: int = Field(0, ge=0, le=SMALL, description="data-parallel replica this rank's ring belongs to")
 
 
 class MetricPoint(_Wire):
     """One value of one metric at one step. `rank` is set for per-rank metrics (mem_peak_bytes)."""
 
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=BIG)
     name: str = Field(min_length=1, max_length=200)
     value: float
-    rank: int | None = Field(None, ge=0)
-    time: float = Field(description="unix seconds when measured")
+    rank: int | None = Field(None, ge=0, le=SMALL)
+    time: Time = Field(description="unix seconds when measured")
 
 
 class MetricItem(MetricPoint):
     type: Literal["metric"] = "metric"
-    seq: int = Field(ge=1)
+    seq: int = Field(ge=1, le=BIG)
 
 
 class StateItem(_Wire):
     """A state change. On RETRYING, `resume_step` tells the server to supersede points after it."""
 
     type: Literal["state"] = "state"
-    seq: int = Field(ge=1)
+    seq: int = Field(ge=1, le=BIG)
     state: JobState
     reason: str = Field("", max_length=4000)
-    time: float
+    time: Time
     placement: list[RankPlacement] | None = None
-    resume_step: int | None = Field(None, ge=0)
+    resume_step: int | None = Field(None, ge=0, le=BIG)
     error: str | None = Field(None, max_length=20000)
     metadata: dict[str, str | int | float | bool] | None = None
 
 
 class LogItem(_Wire):
     type: Literal["log"] = "log"
-    seq: int = Field(ge=1)
-    time: float
+    seq: int = Field(ge=1, le=BIG)
+    time: Time
     source: str = Field("driver", max_length=100, description="driver or rank-N")
     line: str = Field(max_length=20000)
 
