@@ -5,7 +5,9 @@
   then the job FAILS with the launcher's message.
 - reconciler: for every active job, polls `launcher.status`. A driver that ended without reporting a
   terminal state (Ray SUCCEEDED/FAILED/STOPPED/UNKNOWN) ends the job FAILED (CANCELLED when a cancel was
-  requested) after `reconcile_grace_s`, so a final report still in flight wins. A cancel the driver
+  requested) after `reconcile_grace_s`, so a final report still in flight wins; a driver that FAILED (crashed,
+  killed, its node lost) is resubmitted as the next attempt while the job has restarts left (RETRYING; the new
+  driver resumes from the last checkpoint and reports that step, which supersedes later points). A cancel the driver
   never confirms is forced after `cancel_grace_s`. After a restart nothing special is needed: running
   drivers keep reporting to the same URL with their token and the reconciler picks their jobs up again.
 """
@@ -73,14 +75,16 @@ class Controller:
                 continue
             if self._next_try.get(job.id, 0.0) > now:
                 continue
-            await self._submit(job.id, JobSpec.model_validate(job.spec), job.attempt)
+            await self._submit(job.id, JobSpec.model_validate(job.spec), job.attempt, job.restarts)
 
-    async def _submit(self, job_id: str, spec: JobSpec, attempt: int) -> None:
+    async def _submit(self, job_id: str, spec: JobSpec, attempt: int, restarts: int = 0) -> None:
         token = secrets.token_urlsafe(32)
         await asyncio.to_thread(self._rotate_token, job_id, token)
+        through = await asyncio.to_thread(self.store.points_through, job_id, spec.world_size) if attempt else None
         req = LaunchRequest(job_id=job_id, spec=spec, control_url=self.settings.control_url, ingest_token=token,
                             checkpoint_dir=self.settings.checkpoint_dir, attempt=attempt,
-                            placement_timeout_s=self.settings.placement_timeout_s)
+                            placement_timeout_s=self.settings.placement_timeout_s, restarts=restarts,
+                            resume_max_step=through)
         try:
             sid = await asyncio.to_thread(self.launcher.submit, req)
         except Exception as e:  # Ray unreachable, rejected entrypoint, ...
@@ -145,15 +149,34 @@ class Controller:
             first = self._ended_seen.setdefault(job.id, now)
             if now - first < self.settings.reconcile_grace_s:
                 continue
-            detail = f": {info.message}" if info.message else ""
+            first_line = (info.message or "").strip().splitlines()[:1]  # Ray appends up to 20 kB of driver log
+            detail = f": {first_line[0][:500]}" if first_line else ""
             if job.cancel_requested:
                 await self._end(job.id, JobState.CANCELLED, f"cancelled; driver ended (Ray status {info.status})")
             elif info.status == DriverStatus.UNKNOWN:
                 await self._end(job.id, JobState.FAILED, f"Ray does not know driver {job.submission_id} "
                                 f"(the cluster was replaced or the job expired){detail}")
             else:
-                await self._end(job.id, JobState.FAILED, f"the driver ended without reporting a final state "
-                                f"(Ray status {info.status}{detail})")
+                reason = f"the driver ended without reporting a final state (Ray status {info.status}{detail})"
+                if info.status == DriverStatus.FAILED:  # crashed or killed: its checkpoints are still there
+                    if await self._resubmit(job.id, job.submission_id, reason):
+                        continue
+                    reason += f"; no restarts left (max_restarts {JobSpec.model_validate(job.spec).max_restarts})"
+                await self._end(job.id, JobState.FAILED, reason)
+
+    async def _resubmit(self, job_id: str, submission_id: str, reason: str) -> bool:
+        """A lost driver is a lost rank of a bigger kind: while restarts remain, RETRYING and a new driver (next
+        attempt) that resumes from the job's last checkpoint; it reports the step it resumes from."""
+        try:
+            ok = await asyncio.to_thread(self.store.retry_driver, job_id, submission_id, reason)
+        except (JobNotFound, StoreError) as e:
+            log.warning("job %s: could not resubmit (%s)", job_id, e)
+            return True  # try again on the next pass
+        if ok:
+            log.warning("job %s: %s; resubmitting the driver", job_id, reason)
+            self._ended_seen.pop(job_id, None)
+            self.wake()
+        return ok
 
     async def _end(self, job_id: str, to: JobState, reason: str) -> None:
         try:

@@ -24,6 +24,8 @@ class LaunchRequest:
     checkpoint_dir: str
     attempt: int = 0
     placement_timeout_s: float = 600.0
+    restarts: int = 0  # restarts the job already used (earlier drivers): the new driver only gets the rest
+    resume_max_step: int | None = None  # a resubmitted driver resumes no later than the points already stored
 
 
 class DriverStatus(StrEnum):

@@ -93,9 +93,12 @@ class RayJobLauncher:
             "RINGTRAIN_JOB_SPEC": req.spec.model_dump_json(),
             "RINGTRAIN_PLACEMENT_TIMEOUT_S": repr(float(req.placement_timeout_s)),
             "RINGTRAIN_ATTEMPT": str(req.attempt),
+            "RINGTRAIN_RESTARTS": str(req.restarts),
             "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),
             "PYTHONUNBUFFERED": "1",
         }
+        if req.resume_max_step is not None:
+            env["RINGTRAIN_RESUME_MAX_STEP"] = str(req.resume_max_step)
         try:
             self._client.submit_job(
                 entrypoint=f"{shlex.quote(self.python)} -m {DRIVER_MODULE}",

@@ -254,6 +254,35 @@ class Store:
             job.submit_failures += 1
             return job.submit_failures
 
+    def retry_driver(self, job_id: str, submission_id: str, reason: str) -> bool:
+        """The job's driver died without a final report: RETRYING, next attempt, no submission (the scheduler
+        submits a new driver). False, changing nothing, when no restart is left, a cancel was asked for, the job
+        ended, or another driver already replaced that one."""
+        now = time.time()
+        with self._write() as (s, out):
+            job = self._lock_job(s, job_id)
+            cur = JobState(job.state)
+            max_restarts = int((job.spec or {}).get("max_restarts", 0))
+            if cur.terminal or job.cancel_requested or job.submission_id != submission_id \
+                    or job.restarts >= max_restarts:
+                return False
+            events: list[Event] = []
+            why = f"{reason}; restart {job.restarts + 1}/{max_restarts}: resubmitting the driver"
+            for st in ([] if cur == JobState.RETRYING else lifecycle.path(cur, JobState.RETRYING)):
+                events.append(self._transition(s, job, st, why if st == JobState.RETRYING else
+                                               "implied by the driver's loss", now))
+            if cur == JobState.RETRYING:  # it died while re-reserving: no new transition, but say so
+                r = LogLine(job_id=job.id, seq=self._next_seq(job), time=now, source="control-plane", line=why)
+                s.add(r)
+                events.append(log_event(r))
+            job.restarts += 1
+            job.attempt += 1
+            job.submission_id = None
+            job.submit_failures = 0
+            job.updated_at = now
+            out.append((job_id, events))
+            return True
+
     def request_cancel(self, job_id: str) -> Job:
         """Mark cancel requested. A job not yet handed to the cluster is cancelled right here."""
         now = time.time()
@@ -346,7 +375,7 @@ class Store:
                                                  f"{(it.reason or it.error or 'failure')[:500]})"})
             job.error = None
         resume = None
-        if it.state == JobState.RETRYING and it.resume_step is not None:
+        if it.resume_step is not None:  # RETRYING after a lost rank, or a resubmitted driver's first PLACING
             resume = it.resume_step
             s.flush()
             s.execute(delete(MetricPointRow).where(MetricPointRow.job_id == job.id, MetricPointRow.step > resume))
@@ -367,7 +396,7 @@ class Store:
             if st == JobState.FAILED and not job.error:
                 job.error = it.reason or "the driver reported failure"
             events.append(self._transition(s, job, st, reason or st.value.lower(), now,
-                                           resume_step=resume if st == JobState.RETRYING else None))
+                                           resume_step=resume if st == it.state else None))
         return latest
 
     @staticmethod
@@ -379,6 +408,15 @@ class Store:
                                                      & (MetricPointRow.name == sub.c.name))
                          .where(MetricPointRow.job_id == job_id))
         return {p.name: {"step": p.step, "value": finite(p.value), "seq": p.seq, "time": p.time} for p in rows}
+
+    def points_through(self, job_id: str, world_size: int) -> int:
+        """N such that the points of steps 1..N are all stored: the global ones and each rank's own (every rank
+        emits one per step). A resubmitted driver resumes no later, so nothing its predecessor lost stays missing."""
+        with self._read() as s:
+            rows = s.execute(select(MetricPointRow.rank, func.max(MetricPointRow.step))
+                             .where(MetricPointRow.job_id == job_id).group_by(MetricPointRow.rank)).all()
+        newest = {rank: int(step) for rank, step in rows}
+        return min([newest.get(None, 0), *(newest.get(r, 0) for r in range(world_size))])
 
     # ---- reads of the event stream --------------------------------------------------------------
     def metrics(self, job_id: str, after: int = 0, limit: int = 1000, names: Sequence[str] | None = None

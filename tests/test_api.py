@@ -228,13 +228,14 @@ def test_report_idempotency_gap_and_supersede(srv):
 
 def test_driver_dies_without_report_fails(srv):
     c = srv.client()
-    j = submit(c)
+    j = submit(c, max_restarts=0)  # with restarts left the driver is resubmitted instead (tests/test_faults.py)
     d = Driver(srv, j["id"])
     d.state("RUNNING", reason="placed")
     sid = job(c, j["id"])["submission_id"]
     srv.launcher.statuses[sid] = DriverInfo(DriverStatus.FAILED, "exit code 137")
     got = wait_for(lambda: (g := job(c, j["id"]))["state"] == "FAILED" and g)
     assert "without reporting a final state" in got["error"] and "137" in got["error"]
+    assert "no restarts left" in got["error"]
 
 
 def test_submit_failures_retry_then_fail(tmp_path):

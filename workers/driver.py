@@ -2,7 +2,9 @@
 
 Environment (set by `service.ray_jobs.RayJobLauncher` in the job's runtime_env):
   RINGTRAIN_JOB_ID, RINGTRAIN_CONTROL_URL, RINGTRAIN_INGEST_TOKEN, RINGTRAIN_CHECKPOINT_DIR (this job's own dir),
-  RINGTRAIN_JOB_SPEC (the JobSpec as JSON), RINGTRAIN_PLACEMENT_TIMEOUT_S, optionally RINGTRAIN_ATTEMPT.
+  RINGTRAIN_JOB_SPEC (the JobSpec as JSON), RINGTRAIN_PLACEMENT_TIMEOUT_S, optionally RINGTRAIN_ATTEMPT and
+  RINGTRAIN_RESTARTS (restarts earlier drivers of this job used; a resubmitted driver only gets the rest) and
+  RINGTRAIN_RESUME_MAX_STEP (steps whose points the control plane holds: a resubmitted driver resumes at or before).
 
 What it does, and why here (SPEC §4): the driver lives on the cluster so a job survives control-plane restarts.
 It reserves one placement group (one bundle per rank), starts one `RankActor` per bundle, orders ranks by where
@@ -87,6 +89,8 @@ class DriverConfig:
     spec: JobSpec
     placement_timeout_s: float = 600.0
     attempt: int = 0
+    restarts_used: int = 0
+    resume_max_step: int | None = None
     poll_interval_s: float = 0.5
     actor_start_timeout_s: float = 300.0
     stop_grace_s: float = 4.0
@@ -106,6 +110,8 @@ class DriverConfig:
             spec=JobSpec.model_validate_json(env["RINGTRAIN_JOB_SPEC"]),
             placement_timeout_s=float(env.get("RINGTRAIN_PLACEMENT_TIMEOUT_S", "600")),
             attempt=int(env.get("RINGTRAIN_ATTEMPT", "0")),
+            restarts_used=int(env.get("RINGTRAIN_RESTARTS", "0")),
+            resume_max_step=int(env["RINGTRAIN_RESUME_MAX_STEP"]) if env.get("RINGTRAIN_RESUME_MAX_STEP") else None,
         )
 
 
@@ -259,8 +265,9 @@ class JobDriver:
         self.reporter = reporter
         self.cancel = cancel
         self.group: RankGroup | None = None
-        self.restarts = 0
-        self.last_step = 0
+        self.restarts = cfg.restarts_used
+        self.last_step = 0  # newest step of the global points forwarded to the reporter
+        self._rank_steps: dict[int, int] = {}  # newest step of each rank's own points forwarded
         self._train_refs: list[Any] = []
 
     def cancelled(self) -> bool:
@@ -274,9 +281,37 @@ class JobDriver:
         except FileNotFoundError:
             return 0
 
+    def _forwarded_through(self) -> int:
+        """Every point of steps 1..N went to the reporter (every rank emits its own point each step)."""
+        return min([self.last_step, *(self._rank_steps.get(r, 0) for r in range(self.spec.world_size))])
+
+    def _safe_resume_step(self, through: int) -> int:
+        """The checkpoint to resume from, never past `through` (see `workers.checkpoint.resume_point`)."""
+        from workers.checkpoint import resume_point
+
+        newest = self._resume_step()
+        ev = self.spec.eval.every_steps if self.spec.eval.enabled else 0
+        step = resume_point(self.cfg.checkpoint_dir, through, ev)
+        if step < newest:
+            log.warning("points after step %d were lost with a rank or driver: resuming from the checkpoint at step %d "
+                        "(not %d) so those steps run again", through, step, newest)
+        self.last_step = step
+        self._rank_steps = {r: step for r in range(self.spec.world_size)}
+        return step
+
     def run(self) -> int:
         """Returns the process exit code: 0 for SUCCEEDED/CANCELLED, 1 for FAILED."""
-        resume: int | None = self._resume_step() or None  # a re-submitted driver continues from a checkpoint
+        # A re-submitted driver (attempt > 0) continues from a checkpoint no newer than the points the control plane
+        # holds (step 0 if none), and says so in its first report: its dead predecessor's later points are
+        # superseded, not doubled, and none are missing.
+        resume: int | None = None
+        if self.cfg.attempt > 0:
+            through = self.cfg.resume_max_step
+            resume = self._safe_resume_step(through) if through is not None else self._resume_step()
+        elif first := self._resume_step():
+            resume = first
+            self.last_step = first
+            self._rank_steps = {r: first for r in range(self.spec.world_size)}
         while True:
             try:
                 self.group = None
@@ -312,10 +347,7 @@ class JobDriver:
                     log.error(msg)
                     return 1
                 self.restarts += 1
-                step = self._resume_step()
-                if step > self.last_step:
-                    log.warning("points of steps %d..%d were lost with their rank and are not re-run (resuming "
-                                "from the checkpoint at step %d)", self.last_step + 1, step, step)
+                step = self._safe_resume_step(self._forwarded_through())
                 resume = None  # RETRYING carries it; PLACING after it need not repeat it
                 reason = f"{e}; restart {self.restarts}/{self.spec.max_restarts}, resuming from step {step}"
                 log.warning(reason)
@@ -429,6 +461,8 @@ class JobDriver:
             self.reporter.metric(p)
             if p.rank is None:
                 self.last_step = max(self.last_step, p.step)
+            else:
+                self._rank_steps[p.rank] = max(self._rank_steps.get(p.rank, 0), p.step)
         if lost is not None:
             raise lost
 

@@ -7,7 +7,7 @@ never reused, shared by state changes, metric points and log lines), `data:` one
     id: 7
     data: {"seq":7,"time":1764410000.1,"from":"PLACING","to":"RUNNING","reason":"all 2 ranks placed"}
 
-    event: state            (a retry; points with step > resume_step are superseded: drop them)
+    event: state            (with resume_step — a retry or a resubmitted driver: drop points with step > resume_step)
     id: 80
     data: {"seq":80,"time":…,"from":"RUNNING","to":"RETRYING","reason":"rank 1 died","resume_step":20}
 

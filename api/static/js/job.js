@@ -156,7 +156,7 @@ export function mountJob(root, jobId) {
   function onState(t) {
     transitions.set(t.seq, t);
     renderTimeline();
-    if (t.to === "RETRYING" && t.resume_step !== null && t.resume_step !== undefined) {
+    if (t.resume_step !== null && t.resume_step !== undefined) {  // a retry, or a resubmitted driver
       for (const c of charts.values()) c.truncateAfter(t.resume_step);
     }
     if (job) { job.state = t.to; renderHead(); }
