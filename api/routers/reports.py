@@ -7,27 +7,56 @@ Authenticated by the job's ingest token only. Items with seq ≤ the stored high
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 
-from api.deps import Ctx, bearer
+from api.deps import AppContext, Ctx, bearer, get_ctx
 from api.errors import ApiError
 from api.routers.jobs import JobId
 from api.schemas import ErrorResponse
 from service.store import ReportGap
 from workers.reports import ReportAck, ReportBatch
 
-router = APIRouter(prefix="/v1/jobs", tags=["reports"])
 
-
-def ingest_auth(
-    job_id: JobId, ctx: Ctx, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-) -> str:
+def _check_ingest(ctx: AppContext, job_id: str, creds: HTTPAuthorizationCredentials | None) -> None:
     if creds is None or not ctx.store.check_ingest_token(job_id, creds.credentials):
         raise ApiError(401, "this route takes the job's ingest token (drivers only)",
                        headers={"WWW-Authenticate": "Bearer"})
+
+
+class IngestAuthRoute(APIRoute):
+    """Checks the ingest token before FastAPI reads and parses the body.
+
+    FastAPI parses a declared body before it solves dependencies, so with the check only in a dependency an
+    anonymous client got 400/422 (not 401) and made the server parse up to `max_report_bytes` of JSON first.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def authenticated(request: Request) -> Response:
+            job_id = str(request.path_params.get("job_id", ""))
+            await asyncio.to_thread(_check_ingest, get_ctx(request), job_id, await bearer(request))
+            request.state.ingest_job = job_id
+            return await handler(request)
+
+        return authenticated
+
+
+router = APIRouter(prefix="/v1/jobs", tags=["reports"], route_class=IngestAuthRoute)
+
+
+def ingest_auth(
+    request: Request, job_id: JobId, ctx: Ctx, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> str:
+    """The job id, once its ingest token is verified (by `IngestAuthRoute`, or here when mounted without it)."""
+    if getattr(request.state, "ingest_job", None) != job_id:
+        _check_ingest(ctx, job_id, creds)
     return job_id
 
 
