@@ -17,7 +17,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.app import create_app
-from tests.api_harness import ALICE, RecordingLauncher, make_settings, running
+from tests.api_harness import ALICE, TINY_SPEC, Driver, RecordingLauncher, make_settings, running
 
 pytestmark = pytest.mark.slow
 
@@ -46,4 +46,37 @@ schema = schemathesis.openapi.from_dict(_schema_dict())
           suppress_health_check=list(HealthCheck))
 def test_api_conforms(case, api_server):
     case.call_and_validate(base_url=api_server.url, headers={"Authorization": f"Bearer {ALICE}"}, checks=CHECKS,
+                           timeout=15)
+
+
+OPEN = {"/healthz", "/readyz"}
+
+
+@schema.parametrize()
+@settings(max_examples=5, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_api_without_token(case, api_server):
+    """No token: every secured operation answers a conformant 401 whatever the input; open ones stay open."""
+    r = case.call_and_validate(base_url=api_server.url, checks=CHECKS, timeout=15)
+    if case.method.upper() != case.operation.method.upper():  # schemathesis also tries undeclared methods
+        assert r.status_code == 405, r.text[:300]
+    else:
+        assert r.status_code == (200 if case.operation.path in OPEN else 401), (case.method, r.text[:300])
+
+
+@pytest.fixture(scope="module")
+def reporting_job(api_server):
+    """A real job and its driver's ingest token, so the report route's body is fuzzed past authentication."""
+    with api_server.client() as c:
+        job_id = c.post("/v1/jobs", json={**TINY_SPEC, "name": "fuzzed-reports"}).json()["id"]
+    return job_id, Driver(api_server, job_id).token
+
+
+@schema.include(path="/v1/jobs/{job_id}/report").parametrize()
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_report_route_with_ingest_token(case, api_server, reporting_job):
+    job_id, token = reporting_job
+    case.path_parameters = {"job_id": job_id}
+    case.call_and_validate(base_url=api_server.url, headers={"Authorization": f"Bearer {token}"}, checks=CHECKS,
                            timeout=15)
