@@ -299,7 +299,7 @@ def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart
 
 # -- 3. the control plane dies ---------------------------------------------------------------------------------------
 def test_control_plane_sigkill_reattaches_running_job(serve: ServeProcess) -> None:
-    steps = 80
+    steps = 150  # ~10 s of training on 2 cores: still running when the control plane comes back
     serve.start()
     with http(serve.url) as c:
         jid = c.post("/v1/jobs", json=spec(steps, every=10, name="kill-cp")).json()["id"]
@@ -322,7 +322,7 @@ def test_control_plane_sigkill_reattaches_running_job(serve: ServeProcess) -> No
 
 # -- 4. the control plane dies, and a rank dies during the outage ----------------------------------------------------
 def test_control_plane_and_rank_killed_together(serve: ServeProcess, ray_head: RayHead) -> None:
-    steps = 80
+    steps = 120
     serve.start()
     with http(serve.url) as c:
         jid = c.post("/v1/jobs", json=spec(steps, every=5, max_restarts=2, name="kill-both")).json()["id"]
