@@ -31,7 +31,7 @@ def _max_rss_bytes() -> int:
 
 
 def _rank_job(rank: int, world: int, cfg: dict) -> dict:
-    """One rank: time `iters` forward+backward passes after one warm-up; report medians and peak RSS growth."""
+    """One rank: time `iters` forward+backward passes after one warm-up; report the fastest and the peak RSS growth."""
     torch.set_num_threads(1)
     s, h, d, layout = cfg["seq"], cfg["heads"], cfg["head_dim"], cfg["layout"]
     # A tiny pass first, so code pages and allocator pools touched on first use are not counted as memory.
@@ -60,7 +60,7 @@ def _rank_job(rank: int, world: int, cfg: dict) -> dict:
         if i:  # the first pass is warm-up
             walls.append(w1 - w0)
             cpus.append(c1 - c0)
-    return {"wall": statistics.median(walls), "cpu": statistics.median(cpus), "mem": _max_rss_bytes() - rss0,
+    return {"wall": min(walls), "cpu": min(cpus), "mem": _max_rss_bytes() - rss0,
             "act": sum(saved.values())}
 
 
@@ -80,8 +80,8 @@ def main() -> None:
     base = dict(seq=args.seq, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, iters=args.iters)
     print(f"ring attention, causal, fp32, S={args.seq}, H={args.heads}, KV heads={args.kv_heads}, "
           f"D={args.head_dim}, kernel={attention_backend('cpu', torch.float32)}, 1 thread per rank, "
-          f"{args.iters} timed iterations (median)")
-    single = measure({**base, "layout": "contiguous", "overlap": True}, 1)[0]
+          f"{args.iters} timed iterations (fastest)")
+    single = measure({**base, "layout": "contiguous", "overlap": True}, 1)[0]  # measured again at the end
     print(f"single process, whole sequence: fwd+bwd {single['cpu']:.3f} s cpu ({single['wall']:.3f} s wall), "
           f"activations {single['act'] / 2**20:.1f} MiB, peak RSS growth {single['mem'] / 2**20:.1f} MiB")
     rows = []
@@ -101,6 +101,11 @@ def main() -> None:
                 no_overlap = measure({**base, "layout": layout, "overlap": False}, world)
                 row["wall no-overlap/overlap"] = max(r["wall"] for r in no_overlap) / row["max wall s"]
             rows.append(row)
+    again = measure({**base, "layout": "contiguous", "overlap": True}, 1)[0]
+    print(f"single process again, after the rings: {again['cpu']:.3f} s cpu (the reference is the faster of the two)")
+    if again["cpu"] < single["cpu"]:
+        for row in rows:
+            row["efficiency"] *= again["cpu"] / single["cpu"]
     cols = ["W", "layout", "per-rank cpu s", "imbalance", "efficiency", "act/single", "peak/single", "max wall s",
             "wall no-overlap/overlap"]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
