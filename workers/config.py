@@ -19,9 +19,23 @@ MAX_WORLD = 4096
 
 
 class StrictModel(BaseModel):
-    """Unknown fields are errors; floats must be finite."""
+    """Unknown fields are errors; floats must be finite; counts must be real integers.
+
+    pydantic's lax mode would read `steps: true` as 1 and `steps: "10"` as 10; for sizes and counts that is a
+    typo to report, not to guess. (Floats stay lax: PyYAML reads `3e-4` as text, and that should still work.)
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integers_are_integers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                value = data.get(name)
+                if field.annotation in (int, int | None) and isinstance(value, bool | str):
+                    _fail(name, value, f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        return data
 
 
 class ModelConfig(StrictModel):
@@ -231,6 +245,17 @@ def load_spec(text: str) -> JobSpec:
             if self.check_event(yaml.AliasEvent):
                 raise yaml.YAMLError("YAML aliases/anchors are not allowed in job specs")
             return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, str) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}: each field may appear once", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
 
     data = yaml.load(text, Loader=_NoAliasLoader)
     if not isinstance(data, dict):
