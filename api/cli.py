@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import threading
 import time
@@ -114,6 +115,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         con.print(f"  token:     {token}")
         con.print(f"  watch:     RINGTRAIN_URL={url} ringtrain status {job.id}   (or ringtrain logs {job.id})\n",
                   soft_wrap=True)
+        # The request log would bury the progress bar; warnings and errors still show.
+        logging.getLogger("ringtrain").setLevel(logging.WARNING)
+        try:
+            with Client(url, token) as c:
+                follow(c, job.id)
+        except Exception as e:  # the service keeps running; the dashboard still shows the job
+            con.print(f"[yellow]demo: stopped following {job.id}: {e}[/yellow]")
+        con.print(f"the service keeps running at [bold]{url}/[/bold]; Ctrl-C to stop")
 
     return _run_server(settings, on_ready=ready)
 
@@ -158,7 +167,7 @@ def follow(c: Client, job_id: str, json_lines: bool = False) -> int:
                 name, v = ev.data["name"], ev.data["value"]
                 if name == "loss":
                     stats["loss"] = v
-                    bar.update(task, completed=min(ev.data["step"] + 1, job.total_steps),
+                    bar.update(task, completed=min(ev.data["step"], job.total_steps),
                                loss="-" if v is None else f"{v:.4f}")
                 elif name == "tokens_per_s" and v is not None:
                     bar.update(task, tps=f"{v:,.0f}")
