@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from api import errors
 from api.body import YAML_TYPES, BodyLimitMiddleware
 from api.deps import AppContext
-from api.routers import cluster, events, health, jobs, reports
+from api.routers import cluster, dashboard, events, health, jobs, reports
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
 from service.db import make_engine, migrate
@@ -83,14 +83,8 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
                   description="Long-context training jobs with exact ring attention on Ray.")
     app.state.ctx = ctx
     errors.install(app)
-    for r in (jobs.router, events.router, reports.router, cluster.router, health.router):
+    for r in (jobs.router, events.router, reports.router, cluster.router, dashboard.router, health.router):
         app.include_router(r)
-    try:  # the dashboard's own data routes, when its module is present
-        from api.routers import dashboard
-
-        app.include_router(dashboard.router)
-    except ImportError:
-        pass
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                        max_report_bytes=settings.max_report_bytes)

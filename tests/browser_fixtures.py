@@ -30,14 +30,6 @@ def chromium_missing() -> str | None:
     return None
 
 
-def ensure_dashboard_routes(srv: Server) -> None:
-    """Mount api.routers.dashboard (GET /v1/jobs/{id}/series) when the app factory does not do it yet."""
-    from api.routers import dashboard
-
-    if not any(getattr(r, "path", "") == "/v1/jobs/{job_id}/series" for r in srv.app.routes):
-        srv.app.include_router(dashboard.router)
-
-
 class PageErrors:
     """Console errors and uncaught exceptions of one page; `allow` takes regexes of expected messages."""
 

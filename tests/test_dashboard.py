@@ -27,7 +27,6 @@ from tests.browser_fixtures import (
     PageErrors,
     chromium_missing,
     create_job,
-    ensure_dashboard_routes,
     shot,
     start_running,
     step_items,
@@ -49,7 +48,6 @@ HTTP_4XX = r"Failed to load resource: the server responded with a status of {}"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("dash")
     srv = Server(make_settings(tmp), RecordingLauncher())
-    ensure_dashboard_routes(srv)
     srv.start()
     try:
         yield srv
@@ -369,7 +367,6 @@ def test_real_ray_job_live_and_cancel(browser: Any, tmp_path: Path, request: pyt
     launcher = RayJobLauncher(head.jobs_url, auth_token=head.auth_token, python=sys.executable)
     srv = Server(make_settings(tmp_path, reconcile_interval_s=1.0, reconcile_grace_s=10.0, scheduler_interval_s=0.2,
                                cancel_grace_s=60.0, placement_timeout_s=120.0), launcher)
-    ensure_dashboard_routes(srv)
     srv.start()
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     ctx.add_init_script(f"localStorage.setItem({json.dumps(TOKEN_KEY)}, {json.dumps(ALICE)})")
