@@ -336,8 +336,13 @@ def test_control_plane_and_rank_killed_together(serve: ServeProcess, ray_head: R
     with http(serve.url) as c:
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
-        retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
-        assert retry["resume_step"] >= 5 and retry["resume_step"] % 5 == 0 and job["restarts"] == 1
+        # The retry our kill caused is the last one. (On a loaded machine an earlier, unrelated retry — e.g. a
+        # rendezvous that timed out before step 1 — may precede it; that one resumes from 0, legitimately.)
+        retries = [t for t in job["transitions"] if t["to"] == "RETRYING"]
+        logs = [ln["line"] for ln in c.get(f"/v1/jobs/{jid}/logs").json().get("lines", [])][-30:]
+        assert retries and retries[-1]["resume_step"] >= 5 and retries[-1]["resume_step"] % 5 == 0, (
+            job["transitions"], logs)
+        assert job["restarts"] == len(retries) and len(retries) <= 2
         exactly_once(c, jid, steps)
         no_active_jobs(c)
 
