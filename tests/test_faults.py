@@ -238,7 +238,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 # -- 1. a rank dies --------------------------------------------------------------------------------------------------
 def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(tmp_path: Path, ray_head: RayHead,
                                                                    launcher: RayJobLauncher) -> None:
-    steps = 40
+    steps = 150  # ~8 s of training: still running when the kill comes, even with the driver's metrics lagging
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=spec(steps, max_restarts=2, name="kill-rank")).json()["id"]
         wait_job(c, jid, lambda j: j["step"] >= 7, 120, "step 7")
@@ -252,7 +252,10 @@ def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(tmp_path: Path
         assert seq[:3] == ["QUEUED", "PLACING", "RUNNING"] and seq[i:] == ["RETRYING", "PLACING", "RUNNING",
                                                                            "SUCCEEDED"], seq
         retry = job["transitions"][i]
-        assert retry["resume_step"] >= 5 and retry["resume_step"] % 5 == 0 and "died" in retry["reason"]
+        # A checkpoint step (every 5). Usually the newest one; when the killed rank was rank 0 and took points
+        # the driver had not drained yet, an older one (0 if retention already deleted the older ones) so that
+        # those steps run again — exactly-once below is what must hold either way.
+        assert retry["resume_step"] % 5 == 0 and "died" in retry["reason"], retry
         assert job["restarts"] == 1 and job["step"] == steps
         exactly_once(c, jid, steps)
 
@@ -260,7 +263,7 @@ def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(tmp_path: Path
 # -- 2. the driver (the job's supervisor) dies -----------------------------------------------------------------------
 def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart_left(
         tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher) -> None:
-    steps = 40
+    steps = 150  # still running when the driver is killed (see test 1)
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
         # a restart left: RETRYING, a new driver (attempt 1) resumes from the checkpoint, SUCCEEDED, exactly once
         jid = c.post("/v1/jobs", json=spec(steps, max_restarts=1, name="kill-driver")).json()["id"]
@@ -276,7 +279,7 @@ def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart
         retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
         assert "without reporting a final state" in retry["reason"] and "resubmitting" in retry["reason"], retry
         resumed = next(t for t in job["transitions"] if t["seq"] > retry["seq"] and t.get("resume_step") is not None)
-        assert resumed["to"] == "PLACING" and resumed["resume_step"] >= 5 and resumed["resume_step"] % 5 == 0
+        assert resumed["to"] == "PLACING" and resumed["resume_step"] % 5 == 0  # a checkpoint step, see test 1
         assert retrying["state"] == "RETRYING"
         counts = exactly_once(c, jid, steps)
         # the dead driver's actors and placement group went with it
@@ -336,13 +339,8 @@ def test_control_plane_and_rank_killed_together(serve: ServeProcess, ray_head: R
     with http(serve.url) as c:
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
-        # The retry our kill caused is the last one. (On a loaded machine an earlier, unrelated retry — e.g. a
-        # rendezvous that timed out before step 1 — may precede it; that one resumes from 0, legitimately.)
-        retries = [t for t in job["transitions"] if t["to"] == "RETRYING"]
-        logs = [ln["line"] for ln in c.get(f"/v1/jobs/{jid}/logs").json().get("lines", [])][-30:]
-        assert retries and retries[-1]["resume_step"] >= 5 and retries[-1]["resume_step"] % 5 == 0, (
-            job["transitions"], logs)
-        assert job["restarts"] == len(retries) and len(retries) <= 2
+        retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
+        assert retry["resume_step"] % 5 == 0 and job["restarts"] == 1, job["transitions"]  # see test 1
         exactly_once(c, jid, steps)
         no_active_jobs(c)
 

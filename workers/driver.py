@@ -291,6 +291,8 @@ class JobDriver:
 
         newest = self._resume_step()
         ev = self.spec.eval.every_steps if self.spec.eval.enabled else 0
+        log.info("choosing a resume point: points forwarded through step %d (global %d, per rank %s), newest "
+                 "checkpoint %d", through, self.last_step, dict(sorted(self._rank_steps.items())), newest)
         step = resume_point(self.cfg.checkpoint_dir, through, ev)
         if step < newest:
             log.warning("points after step %d were lost with a rank or driver: resuming from the checkpoint at step %d "
