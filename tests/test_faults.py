@@ -252,10 +252,9 @@ def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(tmp_path: Path
         assert seq[:3] == ["QUEUED", "PLACING", "RUNNING"] and seq[i:] == ["RETRYING", "PLACING", "RUNNING",
                                                                            "SUCCEEDED"], seq
         retry = job["transitions"][i]
-        # A checkpoint step (every 5). Usually the newest one; when the killed rank was rank 0 and took points
-        # the driver had not drained yet, an older one (0 if retention already deleted the older ones) so that
-        # those steps run again — exactly-once below is what must hold either way.
-        assert retry["resume_step"] % 5 == 0 and "died" in retry["reason"], retry
+        # The newest checkpoint (every 5; at least the one at 5): points the dead rank had not handed over yet
+        # are re-sent from its metrics journal instead of re-running their steps.
+        assert retry["resume_step"] >= 5 and retry["resume_step"] % 5 == 0 and "died" in retry["reason"], retry
         assert job["restarts"] == 1 and job["step"] == steps
         exactly_once(c, jid, steps)
 
@@ -340,7 +339,7 @@ def test_control_plane_and_rank_killed_together(serve: ServeProcess, ray_head: R
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
         retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
-        assert retry["resume_step"] % 5 == 0 and job["restarts"] == 1, job["transitions"]  # see test 1
+        assert retry["resume_step"] >= 5 and retry["resume_step"] % 5 == 0 and job["restarts"] == 1, job["transitions"]
         exactly_once(c, jid, steps)
         no_active_jobs(c)
 

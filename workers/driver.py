@@ -281,10 +281,6 @@ class JobDriver:
         except FileNotFoundError:
             return 0
 
-    def _forwarded_through(self) -> int:
-        """Every point of steps 1..N went to the reporter (every rank emits its own point each step)."""
-        return min([self.last_step, *(self._rank_steps.get(r, 0) for r in range(self.spec.world_size))])
-
     def _safe_resume_step(self, through: int) -> int:
         """The checkpoint to resume from, never past `through` (see `workers.checkpoint.resume_point`)."""
         from workers.checkpoint import resume_point
@@ -297,6 +293,29 @@ class JobDriver:
         if step < newest:
             log.warning("points after step %d were lost with a rank or driver: resuming from the checkpoint at step %d "
                         "(not %d) so those steps run again", through, step, newest)
+        self.last_step = step
+        self._rank_steps = {r: step for r in range(self.spec.world_size)}
+        return step
+
+    def _resume_with_journal(self) -> int:
+        """After a lost rank: re-send from the ranks' journals the points the driver never drained (a dead rank
+        takes its buffer with it), through the newest checkpoint, and resume from that checkpoint."""
+        from workers.journal import read_journal
+
+        step = self._resume_step()
+        missing: list[tuple[int, int, MetricPoint]] = []
+        for r in range(self.spec.world_size):
+            for i, p in enumerate(read_journal(self.cfg.checkpoint_dir, r)):
+                if (p.rank is None and r != 0) or (p.rank is not None and p.rank != r):
+                    continue  # global metrics come from rank 0 only; per-rank ones from their own rank
+                done = self.last_step if p.rank is None else self._rank_steps.get(p.rank, 0)
+                if done < p.step <= step:
+                    missing.append((p.step, r * 1_000_000 + i, p))
+        for _, _, p in sorted(missing, key=lambda t: (t[0], t[1])):
+            self.reporter.metric(p)
+        log.info("resuming from the checkpoint at step %d; re-sent %d undrained point(s) from the metrics journal "
+                 "(driver had forwarded through step %d, per rank %s)", step, len(missing), self.last_step,
+                 dict(sorted(self._rank_steps.items())))
         self.last_step = step
         self._rank_steps = {r: step for r in range(self.spec.world_size)}
         return step
@@ -349,7 +368,7 @@ class JobDriver:
                     log.error(msg)
                     return 1
                 self.restarts += 1
-                step = self._safe_resume_step(self._forwarded_through())
+                step = self._resume_with_journal()
                 resume = None  # RETRYING carries it; PLACING after it need not repeat it
                 reason = f"{e}; restart {self.restarts}/{self.spec.max_restarts}, resuming from step {step}"
                 log.warning(reason)

@@ -33,6 +33,7 @@ from workers.checkpoint import latest_step, load_checkpoint, save_checkpoint
 from workers.config import JobSpec
 from workers.data import build_source, take_shard
 from workers.evals import passkey_accuracy
+from workers.journal import MetricJournal
 from workers.mesh import Mesh, all_reduce_grads, build_mesh
 from workers.model import SequenceParallel, attention_backend, build_model, token_losses
 from workers.optim import Scheduler, build_optimizer, clip_grad_norm
@@ -132,8 +133,13 @@ def run_training(
     memory = PeakMemory(device)
     tokens_per_step = tc.batch_size * spec.data.seq_len
 
+    journal = MetricJournal(checkpoint_dir, mesh.rank, step) if checkpoint_dir is not None else None
+
     def point(name: str, value: float, rank: int | None = None) -> None:
-        emit(MetricPoint(step=step, name=name, value=float(value), rank=rank, time=time.time()))
+        p = MetricPoint(step=step, name=name, value=float(value), rank=rank, time=time.time())
+        if journal is not None:
+            journal.append(p)  # before emit: a point is on disk before anyone can have seen it
+        emit(p)
 
     def checkpoint() -> None:
         if checkpoint_dir is None:
@@ -202,17 +208,20 @@ def run_training(
             point("step_time_s", elapsed)
         point("mem_peak_bytes", memory.peak(), rank=mesh.rank)
 
-        if spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0:
-            checkpoint()
-            saved_at = step
+        # Evaluate before checkpointing: a checkpoint at step k then implies every point of step k was emitted.
         if spec.eval.every_steps and step % spec.eval.every_steps == 0:
             evaluate()
             evaluated_at = step
+        if spec.checkpoint.every_steps and step % spec.checkpoint.every_steps == 0:
+            checkpoint()
+            saved_at = step
 
-    if step != saved_at:
-        checkpoint()
     if not stopped and step != evaluated_at:
         evaluate()
+    if step != saved_at:
+        checkpoint()
+    if journal is not None:
+        journal.close()
     if mesh.world > 1:
         dist.barrier()
     return TrainResult(final_step=step, final_loss=last_loss, resumed_from=resumed_from, attention_backend=backend)
