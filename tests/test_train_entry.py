@@ -78,7 +78,8 @@ def test_torchrun_writes_json_lines_and_matches_single_process(tmp_path):
     evals = {r["name"]: r for r in rows if r["name"].startswith("passkey_acc")}
     assert set(evals) == {"passkey_acc", "passkey_acc/len=128/depth=0.50"}
     assert all(r["step"] == STEPS and 0.0 <= r["value"] <= 1.0 for r in evals.values())
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-000002", "step-000003"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["metrics", "step-000002", "step-000003"]
+    assert sorted(p.name for p in (ckpt / "metrics").iterdir()) == ["rank-00000.jsonl", "rank-00001.jsonl"]
 
     # Same spec on one process (ring of 1), metrics on stdout: the same loss curve (fp32 tolerance).
     done = _torchrun(1, str(_spec_file(tmp_path, 1)), "--steps", str(STEPS))
