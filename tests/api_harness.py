@@ -5,7 +5,6 @@ POSTing real reports to the real server."""
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import uvicorn
 from api.app import create_app
 from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest, NodeInfo
 from service.settings import Settings
+from tests.dist import free_port
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789"
@@ -31,12 +31,6 @@ TINY_SPEC: dict[str, Any] = {
     "parallel": {"ring_size": 2},
     "train": {"steps": 5},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
