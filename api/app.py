@@ -66,8 +66,15 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     launcher = launcher or default_launcher(settings)
     controller = Controller(settings, store, launcher)
     telemetry = Telemetry(store)
-    ctx = AppContext(settings=settings, store=store, hub=hub, launcher=launcher, controller=controller,
-                     tokens=tokens, telemetry=telemetry)
+    ctx = AppContext(
+        settings=settings,
+        store=store,
+        hub=hub,
+        launcher=launcher,
+        controller=controller,
+        tokens=tokens,
+        telemetry=telemetry,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
@@ -79,15 +86,20 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
             await controller.stop()
             engine.dispose()
 
-    app = FastAPI(title="ringtrain", version="0.1.0", lifespan=lifespan,
-                  description="Long-context training jobs with exact ring attention on Ray.")
+    app = FastAPI(
+        title="ringtrain",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Long-context training jobs with exact ring attention on Ray.",
+    )
     app.state.ctx = ctx
     errors.install(app)
     for r in (jobs.router, events.router, reports.router, cluster.router, dashboard.router, health.router):
         app.include_router(r)
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
-                       max_report_bytes=settings.max_report_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_report_bytes=settings.max_report_bytes
+    )
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

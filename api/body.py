@@ -73,8 +73,13 @@ class BodyLimitMiddleware:
 
 async def _too_large(send: Send, limit: int) -> None:
     body = json.dumps(error_body("payload_too_large", f"the request body exceeds the {limit} byte limit")).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -93,8 +98,9 @@ def parse_spec(body: bytes, content_type: str | None) -> JobSpec:
         except ValidationError as e:
             raise from_pydantic(e) from e
         except (yaml.YAMLError, RecursionError) as e:
-            raise ApiError(400, f"the YAML job spec could not be parsed: {_first_line(e)}",
-                           code="malformed_yaml") from e
+            raise ApiError(
+                400, f"the YAML job spec could not be parsed: {_first_line(e)}", code="malformed_yaml"
+            ) from e
         except ValueError as e:
             raise ApiError(422, str(e), code="validation_error") from e
     if ctype not in JSON_TYPES and not ctype.endswith("+json"):
@@ -123,8 +129,11 @@ def check_data_path(spec: JobSpec, roots: list[Path]) -> None:
         raise ApiError(422, f"data.path cannot be resolved: {e}", field="data.path") from e
     if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
         allowed = ", ".join(str(r) for r in roots)
-        raise ApiError(422, f"data.path {resolved} is outside the allowed data roots ({allowed}); "
-                       "set RINGTRAIN_DATA_ROOTS to allow it", field="data.path")
+        raise ApiError(
+            422,
+            f"data.path {resolved} is outside the allowed data roots ({allowed}); set RINGTRAIN_DATA_ROOTS to allow it",
+            field="data.path",
+        )
 
 
 def _first_line(e: BaseException) -> str:

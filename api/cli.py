@@ -31,8 +31,11 @@ def _console():  # type: ignore[no-untyped-def]
 
 def _out(args: argparse.Namespace, obj: Any, human: Any) -> None:
     if args.json:
-        print(json.dumps(obj.model_dump(mode="json", by_alias=True) if hasattr(obj, "model_dump") else obj,
-                         indent=2, default=str))
+        print(
+            json.dumps(
+                obj.model_dump(mode="json", by_alias=True) if hasattr(obj, "model_dump") else obj, indent=2, default=str
+            )
+        )
     else:
         human()
 
@@ -45,8 +48,16 @@ def _client(args: argparse.Namespace) -> Client:
 def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from service.settings import Settings
 
-    over = {k: v for k, v in {"host": args.host, "port": args.port, "database_url": args.database_url,
-                              "ray_address": args.ray_address}.items() if v is not None}
+    over = {
+        k: v
+        for k, v in {
+            "host": args.host,
+            "port": args.port,
+            "database_url": args.database_url,
+            "ray_address": args.ray_address,
+        }.items()
+        if v is not None
+    }
     return Settings(**over)
 
 
@@ -70,9 +81,18 @@ def _run_server(settings, on_ready=None) -> int:  # type: ignore[no-untyped-def]
             launcher = RayJobLauncher(info.jobs_url, auth_token=info.auth_token)
             con.print(f"[dim]local Ray head up: {info.jobs_url}[/dim]")
         app = create_app(settings, launcher)
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
-                                               log_level="warning", timeout_graceful_shutdown=5))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=settings.host,
+                port=settings.port,
+                access_log=False,
+                log_level="warning",
+                timeout_graceful_shutdown=5,
+            )
+        )
         if on_ready is not None:
+
             def watch() -> None:
                 while not server.started and not server.should_exit:
                     time.sleep(0.05)
@@ -80,8 +100,10 @@ def _run_server(settings, on_ready=None) -> int:  # type: ignore[no-untyped-def]
                     on_ready(settings)
 
             threading.Thread(target=watch, daemon=True).start()
-        con.print(f"ringtrain serving on [bold]http://{settings.host}:{settings.port}[/bold] "
-                  f"(API docs at /docs); Ctrl-C to stop")
+        con.print(
+            f"ringtrain serving on [bold]http://{settings.host}:{settings.port}[/bold] "
+            f"(API docs at /docs); Ctrl-C to stop"
+        )
         server.run()
         return 0
     finally:
@@ -113,8 +135,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         con.print(f"\n[bold green]demo job {job.id} submitted[/bold green] ({spec.name})")
         con.print(f"  dashboard: [bold]{url}/[/bold]  (job {job.id})")
         con.print(f"  token:     {token}")
-        con.print(f"  watch:     RINGTRAIN_URL={url} ringtrain status {job.id}   (or ringtrain logs {job.id})\n",
-                  soft_wrap=True)
+        con.print(
+            f"  watch:     RINGTRAIN_URL={url} ringtrain status {job.id}   (or ringtrain logs {job.id})\n",
+            soft_wrap=True,
+        )
         # The request log would bury the progress bar; warnings and errors still show.
         logging.getLogger("ringtrain").setLevel(logging.WARNING)
         try:
@@ -156,9 +180,16 @@ def follow(c: Client, job_id: str, json_lines: bool = False) -> int:
     stats: dict[str, Any] = {"loss": None, "tps": None, "state": job.state.value}
     final_state = job.state.value
     con = _console()
-    with Progress(TextColumn("[bold]{task.fields[state]:<9}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s"), TimeElapsedColumn(),
-                  console=con, disable=json_lines, transient=False) as bar:
+    with Progress(
+        TextColumn("[bold]{task.fields[state]:<9}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s"),
+        TimeElapsedColumn(),
+        console=con,
+        disable=json_lines,
+        transient=False,
+    ) as bar:
         task = bar.add_task("train", total=job.total_steps, state=job.state.value, loss="-", tps="-")
         for ev in c.events(job_id):
             if json_lines:
@@ -167,8 +198,9 @@ def follow(c: Client, job_id: str, json_lines: bool = False) -> int:
                 name, v = ev.data["name"], ev.data["value"]
                 if name == "loss":
                     stats["loss"] = v
-                    bar.update(task, completed=min(ev.data["step"], job.total_steps),
-                               loss="-" if v is None else f"{v:.4f}")
+                    bar.update(
+                        task, completed=min(ev.data["step"], job.total_steps), loss="-" if v is None else f"{v:.4f}"
+                    )
                 elif name == "tokens_per_s" and v is not None:
                     bar.update(task, tps=f"{v:,.0f}")
             elif ev.event == "state":
@@ -184,8 +216,10 @@ def follow(c: Client, job_id: str, json_lines: bool = False) -> int:
     if not json_lines:
         loss = job.latest_metrics.get("loss")
         color = "green" if final_state == "SUCCEEDED" else "red"
-        con.print(f"[{color}]job {job_id} {final_state}[/{color}] at step {job.step}/{job.total_steps}"
-                  + (f", final loss {loss.value:.4f}" if loss and loss.value is not None else ""))
+        con.print(
+            f"[{color}]job {job_id} {final_state}[/{color}] at step {job.step}/{job.total_steps}"
+            + (f", final loss {loss.value:.4f}" if loss and loss.value is not None else "")
+        )
         if job.error:
             con.print(f"[red]error:[/red] {job.error}")
             con.print(f"see the logs: ringtrain logs {job_id}")
@@ -216,8 +250,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         def human() -> None:
             print(f"job {j.id}  {j.name}  ({j.owner})")
-            print(f"  state     {j.state.value}" + ("  (cancel requested)" if j.cancel_requested and
-                                                    not j.state.terminal else ""))
+            print(
+                f"  state     {j.state.value}"
+                + ("  (cancel requested)" if j.cancel_requested and not j.state.terminal else "")
+            )
             print(f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}")
             print(f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   updated {j.updated_at:%H:%M:%S}")
             for name, m in sorted(j.latest_metrics.items()):
@@ -265,15 +301,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         def human() -> None:
             mem = p.memory
-            print(f"spec {p.spec['name']}: {'OK' if p.valid else 'CANNOT RUN'}; {p.world_size} rank(s) on "
-                  f"{p.accelerator}, bundle {p.bundle}, strategy {p.strategy}")
+            print(
+                f"spec {p.spec['name']}: {'OK' if p.valid else 'CANNOT RUN'}; {p.world_size} rank(s) on "
+                f"{p.accelerator}, bundle {p.bundle}, strategy {p.strategy}"
+            )
             if p.placement:
                 print(f"placement: {p.nodes_used} node(s), {p.node_crossings} ring edge(s) cross nodes")
                 for s in p.placement:
                     print(f"  rank {s.rank:<4} ring {s.ring:<3} {s.node_id[:20]:<20} {s.device}")
             gib = 2**30
-            print(f"memory per rank ≈ {mem['total_bytes'] / gib:.2f} GiB "
-                  f"({mem['param_count']:,} params, {mem['local_tokens']:,} local tokens)")
+            print(
+                f"memory per rank ≈ {mem['total_bytes'] / gib:.2f} GiB "
+                f"({mem['param_count']:,} params, {mem['local_tokens']:,} local tokens)"
+            )
             for k, v in mem["bytes"].items():
                 print(f"  {k:<13} {v / gib:8.3f} GiB")
             print(f"  formula: {mem['formula']}")
@@ -312,8 +352,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=20)
     s.add_argument("--offset", type=int, default=0)
     s.set_defaults(fn=cmd_list)
-    for name, fn, helptext in (("status", cmd_status, "show a job"), ("cancel", cmd_cancel, "cancel a job"),
-                               ("logs", cmd_logs, "show a job's logs")):
+    for name, fn, helptext in (
+        ("status", cmd_status, "show a job"),
+        ("cancel", cmd_cancel, "cancel a job"),
+        ("logs", cmd_logs, "show a job's logs"),
+    ):
         s = sub.add_parser(name, parents=[common], help=helptext)
         s.add_argument("id")
         if name == "logs":
@@ -335,15 +378,21 @@ def main(argv: list[str] | None = None) -> int:
         where = f" (field {e.field})" if e.field else ""
         print(f"error: {e.message}{where}", file=sys.stderr)
         if e.status == 401:
-            print("hint: pass --token, set RINGTRAIN_TOKEN, or use the token `ringtrain serve` saved in "
-                  "~/.ringtrain/token", file=sys.stderr)
+            print(
+                "hint: pass --token, set RINGTRAIN_TOKEN, or use the token `ringtrain serve` saved in "
+                "~/.ringtrain/token",
+                file=sys.stderr,
+            )
         elif e.status == 404:
             print("hint: `ringtrain list` shows your jobs", file=sys.stderr)
         return 1
     except httpx.TransportError as e:
         url = resolve_url(getattr(args, "url", None))
-        print(f"error: cannot reach ringtrain at {url} ({type(e).__name__}). Is `ringtrain serve` running? "
-              "Point to it with --url or RINGTRAIN_URL.", file=sys.stderr)
+        print(
+            f"error: cannot reach ringtrain at {url} ({type(e).__name__}). Is `ringtrain serve` running? "
+            "Point to it with --url or RINGTRAIN_URL.",
+            file=sys.stderr,
+        )
         return 3
 
 

@@ -32,8 +32,15 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None,
-                 details: list[Any] | None = None, body: Any = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        details: list[Any] | None = None,
+        body: Any = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
@@ -57,8 +64,11 @@ def resolve_url(url: str | None = None) -> str:
 
 
 def resolve_token(token: str | None = None) -> str | None:
-    return token or os.environ.get("RINGTRAIN_TOKEN") or read_token_file(
-        Path(os.environ.get("RINGTRAIN_TOKEN_FILE", str(DEFAULT_TOKEN_FILE))))
+    return (
+        token
+        or os.environ.get("RINGTRAIN_TOKEN")
+        or read_token_file(Path(os.environ.get("RINGTRAIN_TOKEN_FILE", str(DEFAULT_TOKEN_FILE))))
+    )
 
 
 def spec_body(spec: str | Path | dict[str, Any] | JobSpec) -> tuple[bytes, str]:
@@ -67,8 +77,9 @@ def spec_body(spec: str | Path | dict[str, Any] | JobSpec) -> tuple[bytes, str]:
         return spec.model_dump_json().encode(), "application/json"
     if isinstance(spec, dict):
         return json.dumps(spec).encode(), "application/json"
-    if isinstance(spec, Path) or (isinstance(spec, str) and "\n" not in spec and len(spec) < 4096
-                                  and Path(spec).expanduser().is_file()):
+    if isinstance(spec, Path) or (
+        isinstance(spec, str) and "\n" not in spec and len(spec) < 4096 and Path(spec).expanduser().is_file()
+    ):
         p = Path(spec).expanduser()
         text = p.read_text()
         ctype = "application/json" if p.suffix == ".json" else "application/yaml"
@@ -78,8 +89,14 @@ def spec_body(spec: str | Path | dict[str, Any] | JobSpec) -> tuple[bytes, str]:
 
 
 class Client:
-    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.url = resolve_url(url)
         self.token = resolve_token(token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -102,8 +119,14 @@ class Client:
                 err = body.get("error", {})
             except ValueError:
                 body, err = r.text, {}
-            raise ApiError(r.status_code, err.get("code", "http_error"), err.get("message", r.text[:500]),
-                           err.get("field"), err.get("details"), body)
+            raise ApiError(
+                r.status_code,
+                err.get("code", "http_error"),
+                err.get("message", r.text[:500]),
+                err.get("field"),
+                err.get("details"),
+                body,
+            )
         return r.json() if r.content else None
 
     def _get(self, path: str, **params: Any) -> Any:
@@ -112,13 +135,15 @@ class Client:
     # ---- endpoints ------------------------------------------------------------------------------
     def submit(self, spec: str | Path | dict[str, Any] | JobSpec) -> JobOut:
         body, ctype = spec_body(spec)
-        return JobOut.model_validate(self._check(self.http.post("/v1/jobs", content=body,
-                                                                headers={"Content-Type": ctype})))
+        return JobOut.model_validate(
+            self._check(self.http.post("/v1/jobs", content=body, headers={"Content-Type": ctype}))
+        )
 
     def plan(self, spec: str | Path | dict[str, Any] | JobSpec) -> PlanOut:
         body, ctype = spec_body(spec)
-        return PlanOut.model_validate(self._check(self.http.post("/v1/plan", content=body,
-                                                                 headers={"Content-Type": ctype})))
+        return PlanOut.model_validate(
+            self._check(self.http.post("/v1/plan", content=body, headers={"Content-Type": ctype}))
+        )
 
     def list_jobs(self, state: str | list[str] | None = None, limit: int = 50, offset: int = 0) -> JobList:
         return JobList.model_validate(self._get("/v1/jobs", state=state, limit=limit, offset=offset))
@@ -130,8 +155,7 @@ class Client:
         return JobOut.model_validate(self._check(self.http.post(f"/v1/jobs/{job_id}/cancel")))
 
     def metrics(self, job_id: str, after: int = 0, limit: int = 1000, names: list[str] | None = None) -> MetricPage:
-        return MetricPage.model_validate(self._get(f"/v1/jobs/{job_id}/metrics", after=after, limit=limit,
-                                                   name=names))
+        return MetricPage.model_validate(self._get(f"/v1/jobs/{job_id}/metrics", after=after, limit=limit, name=names))
 
     def iter_metrics(self, job_id: str, names: list[str] | None = None, after: int = 0) -> Iterator[MetricOut]:
         """Every stored point, following pages."""
@@ -143,8 +167,9 @@ class Client:
             after = page.next_after
 
     def logs(self, job_id: str, after: int = 0, limit: int = 1000, driver: bool = True) -> LogPage:
-        return LogPage.model_validate(self._get(f"/v1/jobs/{job_id}/logs", after=after, limit=limit,
-                                                driver=str(driver).lower()))
+        return LogPage.model_validate(
+            self._get(f"/v1/jobs/{job_id}/logs", after=after, limit=limit, driver=str(driver).lower())
+        )
 
     def cluster(self) -> ClusterOut:
         return ClusterOut.model_validate(self._get("/v1/cluster"))
@@ -166,8 +191,15 @@ class Client:
                 raise TimeoutError(f"job {job_id} still {job.state} after {timeout}s")
             time.sleep(poll_s)
 
-    def events(self, job_id: str, after: int | None = None, *, reconnect: bool = True, max_retries: int = 20,
-               read_timeout: float = 60.0) -> Iterator[JobEvent]:
+    def events(
+        self,
+        job_id: str,
+        after: int | None = None,
+        *,
+        reconnect: bool = True,
+        max_retries: int = 20,
+        read_timeout: float = 60.0,
+    ) -> Iterator[JobEvent]:
         """The job's events, replayed then live, until the job ends (`end` is yielded last).
 
         A dropped connection is resumed from the last seen id (`Last-Event-ID`), so nothing is lost or

@@ -67,8 +67,11 @@ def current_owner(
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> str:
     if creds is None or not creds.credentials:
-        raise ApiError(401, "missing API token: send 'Authorization: Bearer <token>' (see ~/.ringtrain/token)",
-                       headers=_UNAUTHORIZED)
+        raise ApiError(
+            401,
+            "missing API token: send 'Authorization: Bearer <token>' (see ~/.ringtrain/token)",
+            headers=_UNAUTHORIZED,
+        )
     owner = owner_of(ctx.tokens, creds.credentials)
     if owner is None:
         raise ApiError(401, "invalid API token", headers=_UNAUTHORIZED)

@@ -22,17 +22,35 @@ from service.store import JobNotFound, StoreError
 log = logging.getLogger("ringtrain.api")
 
 _STATUS_CODES = {
-    400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-    406: "not_acceptable", 409: "conflict", 413: "payload_too_large", 415: "unsupported_media_type",
-    422: "validation_error", 429: "too_many_requests", 500: "internal_error", 503: "unavailable",
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "too_many_requests",
+    500: "internal_error",
+    503: "unavailable",
 }
 _UNION_TAGS = {"passkey", "text"}  # discriminator tags pydantic puts into locations of `data`
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, code: str | None = None, field: str | None = None,
-                 details: list[dict[str, Any]] | None = None, headers: dict[str, str] | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        field: str | None = None,
+        details: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code or _STATUS_CODES.get(status, "error")
@@ -43,8 +61,9 @@ class ApiError(Exception):
         self.extra = extra or {}
 
 
-def error_body(code: str, message: str, field: str | None = None, details: list[dict[str, Any]] | None = None,
-               **extra: Any) -> dict[str, Any]:
+def error_body(
+    code: str, message: str, field: str | None = None, details: list[dict[str, Any]] | None = None, **extra: Any
+) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "field": field, "details": details or []}, **extra}
 
 
@@ -81,8 +100,11 @@ def from_pydantic(e: ValidationError, what: str = "job spec") -> ApiError:
 
 
 def _respond(err: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(err.code, err.message, err.field, err.details, **err.extra),
-                        status_code=err.status, headers=err.headers)
+    return JSONResponse(
+        error_body(err.code, err.message, err.field, err.details, **err.extra),
+        status_code=err.status,
+        headers=err.headers,
+    )
 
 
 def install(app: FastAPI) -> None:
@@ -94,8 +116,9 @@ def install(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         errs = list(exc.errors())
         if any(e.get("type") == "json_invalid" for e in errs):
-            return _respond(ApiError(400, "the request body is not valid JSON: " + errs[0].get("msg", ""),
-                                     code="malformed_json"))
+            return _respond(
+                ApiError(400, "the request body is not valid JSON: " + errs[0].get("msg", ""), code="malformed_json")
+            )
         return _respond(validation_error(errs))
 
     @app.exception_handler(StarletteHTTPException)
@@ -112,8 +135,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     async def _store(_: Request, exc: StoreError) -> JSONResponse:
         log.error("store unavailable: %s", exc)
-        return _respond(ApiError(503, "the job store is unavailable; retry shortly", code="store_unavailable",
-                                 headers={"Retry-After": "5"}))
+        return _respond(
+            ApiError(
+                503,
+                "the job store is unavailable; retry shortly",
+                code="store_unavailable",
+                headers={"Retry-After": "5"},
+            )
+        )
 
     @app.exception_handler(Exception)
     async def _any(_: Request, exc: Exception) -> JSONResponse:

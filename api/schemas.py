@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.models import Job, LogLine, MetricPointRow, Transition
 from service.planner import Plan
-from workers.reports import JobState
+from workers.protocol import JobState
 
 
 def _dt(t: float | None) -> datetime | None:
@@ -48,8 +48,14 @@ class TransitionOut(BaseModel):
 
     @classmethod
     def of(cls, t: Transition) -> TransitionOut:
-        return cls(seq=t.seq, time=t.time, from_state=t.from_state, to_state=t.to_state, reason=t.reason,
-                   resume_step=t.resume_step)
+        return cls(
+            seq=t.seq,
+            time=t.time,
+            from_state=t.from_state,
+            to_state=t.to_state,
+            reason=t.reason,
+            resume_step=t.resume_step,
+        )
 
 
 class LatestMetric(BaseModel):
@@ -82,12 +88,22 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: Job, transitions: list[Transition] | None = None) -> JobOut:
         return cls(
-            id=job.id, name=job.name, owner=job.owner, state=job.state, spec=job.spec,
-            created_at=_dt(job.created_at), updated_at=_dt(job.updated_at), finished_at=_dt(job.finished_at),
-            step=job.step, total_steps=job.total_steps,
+            id=job.id,
+            name=job.name,
+            owner=job.owner,
+            state=job.state,
+            spec=job.spec,
+            created_at=_dt(job.created_at),
+            updated_at=_dt(job.updated_at),
+            finished_at=_dt(job.finished_at),
+            step=job.step,
+            total_steps=job.total_steps,
             placement=[Placement.model_validate(p) for p in (job.placement or [])],
-            error=job.error, restarts=job.restarts, cancel_requested=job.cancel_requested,
-            submission_id=job.submission_id, metadata=job.meta or {},
+            error=job.error,
+            restarts=job.restarts,
+            cancel_requested=job.cancel_requested,
+            submission_id=job.submission_id,
+            metadata=job.meta or {},
             latest_metrics={k: LatestMetric.model_validate(v) for k, v in (job.latest or {}).items()},
             transitions=None if transitions is None else [TransitionOut.of(t) for t in transitions],
         )
@@ -182,8 +198,18 @@ class PlanOut(BaseModel):
 
     @classmethod
     def of(cls, spec: dict[str, Any], p: Plan, cluster_error: str | None = None) -> PlanOut:
-        return cls(valid=p.fits or cluster_error is not None, fits=p.fits, spec=spec, accelerator=p.accelerator,
-                   strategy=p.strategy, world_size=p.world_size, bundle=p.bundle,
-                   placement=[RankSlotOut(**vars(s)) for s in p.placement], nodes_used=p.nodes_used,
-                   node_crossings=p.node_crossings, memory=p.memory, warnings=p.warnings,
-                   cluster_error=cluster_error)
+        return cls(
+            valid=p.fits or cluster_error is not None,
+            fits=p.fits,
+            spec=spec,
+            accelerator=p.accelerator,
+            strategy=p.strategy,
+            world_size=p.world_size,
+            bundle=p.bundle,
+            placement=[RankSlotOut(**vars(s)) for s in p.placement],
+            nodes_used=p.nodes_used,
+            node_crossings=p.node_crossings,
+            memory=p.memory,
+            warnings=p.warnings,
+            cluster_error=cluster_error,
+        )

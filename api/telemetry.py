@@ -13,15 +13,19 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.store import Store
-from workers.reports import JobState
+from workers.protocol import JobState
 
 log = logging.getLogger("ringtrain.access")
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"time": round(record.created, 3), "level": record.levelname, "logger": record.name,
-                               "message": record.getMessage()}
+        out: dict[str, Any] = {
+            "time": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         for k in ("method", "route", "status", "duration_ms", "owner", "job_id"):
             if hasattr(record, k):
                 out[k] = getattr(record, k)
@@ -60,15 +64,22 @@ class _JobsByState:
 class Telemetry:
     def __init__(self, store: Store) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("ringtrain_http_requests", "HTTP requests", ["method", "route", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("ringtrain_http_request_duration_seconds", "HTTP request latency",
-                                 ["method", "route"], registry=self.registry,
-                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.points = Counter("ringtrain_metric_points_ingested", "metric points stored from driver reports",
-                              registry=self.registry)
-        self.reports = Counter("ringtrain_report_batches", "report batches by outcome", ["outcome"],
-                               registry=self.registry)
+        self.requests = Counter(
+            "ringtrain_http_requests", "HTTP requests", ["method", "route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "ringtrain_http_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.points = Counter(
+            "ringtrain_metric_points_ingested", "metric points stored from driver reports", registry=self.registry
+        )
+        self.reports = Counter(
+            "ringtrain_report_batches", "report batches by outcome", ["outcome"], registry=self.registry
+        )
         self.registry.register(_JobsByState(store))
 
 
@@ -98,6 +109,15 @@ class TelemetryMiddleware:
             self.t.requests.labels(scope["method"], route, str(status)).inc()
             self.t.latency.labels(scope["method"], route).observe(dt)
             if route not in ("/healthz", "/metrics"):
-                log.info("%s %s %s", scope["method"], route, status,
-                         extra={"method": scope["method"], "route": route, "status": status,
-                                "duration_ms": round(dt * 1000, 2)})
+                log.info(
+                    "%s %s %s",
+                    scope["method"],
+                    route,
+                    status,
+                    extra={
+                        "method": scope["method"],
+                        "route": route,
+                        "status": status,
+                        "duration_ms": round(dt * 1000, 2),
+                    },
+                )

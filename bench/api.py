@@ -64,9 +64,13 @@ def bench_ingest(srv, points: int, batch: int = 500) -> tuple[float, float]:
     t = time.perf_counter()
     for start in range(0, points, batch):
         with store.sessions() as s, s.begin():
-            s.execute(MetricPointRow.__table__.insert(), [
-                {"job_id": jid, "seq": 10**9 + k, "step": k, "name": "ref", "value": 1.0, "rank": None,
-                 "time": 0.0} for k in range(start, min(points, start + batch))])
+            s.execute(
+                MetricPointRow.__table__.insert(),
+                [
+                    {"job_id": jid, "seq": 10**9 + k, "step": k, "name": "ref", "value": 1.0, "rank": None, "time": 0.0}
+                    for k in range(start, min(points, start + batch))
+                ],
+            )
     return api_rate, points / (time.perf_counter() - t)
 
 
@@ -79,9 +83,12 @@ def bench_fanout(srv, subscribers: int, messages: int) -> tuple[list[float], lis
     ready = threading.Barrier(subscribers + 1)
 
     def sub() -> None:
-        with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {ALICE}"},
-                          timeout=httpx.Timeout(10, read=60)) as h, \
-                h.stream("GET", f"/v1/jobs/{jid}/events") as r:
+        with (
+            httpx.Client(
+                base_url=srv.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=httpx.Timeout(10, read=60)
+            ) as h,
+            h.stream("GET", f"/v1/jobs/{jid}/events") as r,
+        ):
             ready.wait()
             event = None
             for line in r.iter_lines():
@@ -125,20 +132,42 @@ def main() -> None:
         fan, post = bench_fanout(srv, a.subscribers, a.messages)
     ms = 1000
     rows = [
-        ("submit latency p50", f"{pct(sub, 50) * ms:.2f} ms", f"GET /healthz p50 {pct(ref, 50) * ms:.2f} ms",
-         f"{pct(sub, 50) / pct(ref, 50):.1f}x"),
-        ("submit latency p99", f"{pct(sub, 99) * ms:.2f} ms", f"GET /healthz p99 {pct(ref, 99) * ms:.2f} ms",
-         f"{pct(sub, 99) / pct(ref, 99):.1f}x"),
-        ("metric ingest", f"{api_rate:,.0f} points/s", f"raw bulk insert {raw_rate:,.0f} points/s",
-         f"{api_rate / raw_rate:.2f}x"),
-        (f"SSE fan-out to {a.subscribers}, p50", f"{pct(fan, 50) * ms:.2f} ms",
-         f"report POST p50 {pct(post, 50) * ms:.2f} ms", f"{pct(fan, 50) / pct(post, 50):.1f}x"),
-        (f"SSE fan-out to {a.subscribers}, p95", f"{pct(fan, 95) * ms:.2f} ms",
-         f"report POST p95 {pct(post, 95) * ms:.2f} ms", f"{pct(fan, 95) / pct(post, 95):.1f}x"),
+        (
+            "submit latency p50",
+            f"{pct(sub, 50) * ms:.2f} ms",
+            f"GET /healthz p50 {pct(ref, 50) * ms:.2f} ms",
+            f"{pct(sub, 50) / pct(ref, 50):.1f}x",
+        ),
+        (
+            "submit latency p99",
+            f"{pct(sub, 99) * ms:.2f} ms",
+            f"GET /healthz p99 {pct(ref, 99) * ms:.2f} ms",
+            f"{pct(sub, 99) / pct(ref, 99):.1f}x",
+        ),
+        (
+            "metric ingest",
+            f"{api_rate:,.0f} points/s",
+            f"raw bulk insert {raw_rate:,.0f} points/s",
+            f"{api_rate / raw_rate:.2f}x",
+        ),
+        (
+            f"SSE fan-out to {a.subscribers}, p50",
+            f"{pct(fan, 50) * ms:.2f} ms",
+            f"report POST p50 {pct(post, 50) * ms:.2f} ms",
+            f"{pct(fan, 50) / pct(post, 50):.1f}x",
+        ),
+        (
+            f"SSE fan-out to {a.subscribers}, p95",
+            f"{pct(fan, 95) * ms:.2f} ms",
+            f"report POST p95 {pct(post, 95) * ms:.2f} ms",
+            f"{pct(fan, 95) / pct(post, 95):.1f}x",
+        ),
     ]
     print(f"$ {' '.join([Path(sys.executable).name, '-m', 'bench.api', *sys.argv[1:]])}")
-    print(f"loopback, SQLite (WAL), {a.submits} submits, {a.points} points in batches of 500, "
-          f"{a.subscribers} SSE subscribers × {len(fan) // max(1, a.subscribers)} messages")
+    print(
+        f"loopback, SQLite (WAL), {a.submits} submits, {a.points} points in batches of 500, "
+        f"{a.subscribers} SSE subscribers × {len(fan) // max(1, a.subscribers)} messages"
+    )
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     head = ("measure", "ringtrain", "reference (same run)", "ratio")
     w = [max(w[i], len(head[i])) for i in range(4)]

@@ -60,8 +60,7 @@ def _rank_job(rank: int, world: int, cfg: dict) -> dict:
         if i:  # the first pass is warm-up
             walls.append(w1 - w0)
             cpus.append(c1 - c0)
-    return {"wall": min(walls), "cpu": min(cpus), "mem": _max_rss_bytes() - rss0,
-            "act": sum(saved.values())}
+    return {"wall": min(walls), "cpu": min(cpus), "mem": _max_rss_bytes() - rss0, "act": sum(saved.values())}
 
 
 def measure(cfg: dict, world: int) -> list[dict]:
@@ -78,19 +77,25 @@ def main() -> None:
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     args = ap.parse_args()
     base = dict(seq=args.seq, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, iters=args.iters)
-    print(f"ring attention, causal, fp32, S={args.seq}, H={args.heads}, KV heads={args.kv_heads}, "
-          f"D={args.head_dim}, kernel={attention_backend('cpu', torch.float32)}, 1 thread per rank, "
-          f"{args.iters} timed iterations (fastest)")
+    print(
+        f"ring attention, causal, fp32, S={args.seq}, H={args.heads}, KV heads={args.kv_heads}, "
+        f"D={args.head_dim}, kernel={attention_backend('cpu', torch.float32)}, 1 thread per rank, "
+        f"{args.iters} timed iterations (fastest)"
+    )
     single = measure({**base, "layout": "contiguous", "overlap": True}, 1)[0]  # measured again at the end
-    print(f"single process, whole sequence: fwd+bwd {single['cpu']:.3f} s cpu ({single['wall']:.3f} s wall), "
-          f"activations {single['act'] / 2**20:.1f} MiB, peak RSS growth {single['mem'] / 2**20:.1f} MiB")
+    print(
+        f"single process, whole sequence: fwd+bwd {single['cpu']:.3f} s cpu ({single['wall']:.3f} s wall), "
+        f"activations {single['act'] / 2**20:.1f} MiB, peak RSS growth {single['mem'] / 2**20:.1f} MiB"
+    )
     rows = []
     for world in args.worlds:
         for layout in ("contiguous", "zigzag", "striped"):
             ranks = measure({**base, "layout": layout, "overlap": True}, world)
             cpu = [r["cpu"] for r in ranks]
             row = {
-                "W": world, "layout": layout, "per-rank cpu s": " / ".join(f"{c:.2f}" for c in cpu),
+                "W": world,
+                "layout": layout,
+                "per-rank cpu s": " / ".join(f"{c:.2f}" for c in cpu),
                 "imbalance": max(cpu) / statistics.mean(cpu),
                 "efficiency": single["cpu"] / (world * max(cpu)),
                 "act/single": max(r["act"] for r in ranks) / single["act"],
@@ -106,15 +111,26 @@ def main() -> None:
     if again["cpu"] < single["cpu"]:
         for row in rows:
             row["efficiency"] *= again["cpu"] / single["cpu"]
-    cols = ["W", "layout", "per-rank cpu s", "imbalance", "efficiency", "act/single", "peak/single", "max wall s",
-            "wall no-overlap/overlap"]
+    cols = [
+        "W",
+        "layout",
+        "per-rank cpu s",
+        "imbalance",
+        "efficiency",
+        "act/single",
+        "peak/single",
+        "max wall s",
+        "wall no-overlap/overlap",
+    ]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for row in rows:
         cells = [f"{row[c]:.3f}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in cols]
         print("| " + " | ".join(cells) + " |")
-    print(f"\nact = bytes autograd keeps from forward to backward (activations); peak = peak RSS growth of the "
-          f"whole pass, ring buffers included. Goal act/single <= 1.1 / W "
-          f"({', '.join(f'W={w}: {1.1 / w:.3f}' for w in args.worlds)})")
+    print(
+        f"\nact = bytes autograd keeps from forward to backward (activations); peak = peak RSS growth of the "
+        f"whole pass, ring buffers included. Goal act/single <= 1.1 / W "
+        f"({', '.join(f'W={w}: {1.1 / w:.3f}' for w in args.worlds)})"
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def single() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         q, k, v = (torch.randn(1, 1024, n, 64, device=dev, dtype=dtype) for n in (8, 2, 2))
         out = ring_attention(q, k, v)
-        print(f"exactness {dtype!s:15s} backend={attention_backend(dev, dtype):17s} "
-              f"rel err vs fp64 = {_rel(out, _ref(q, k, v)):.2e}")
+        print(
+            f"exactness {dtype!s:15s} backend={attention_backend(dev, dtype):17s} "
+            f"rel err vs fp64 = {_rel(out, _ref(q, k, v)):.2e}"
+        )
     s, h, d = 8192, 32, 128
     flops = 3.5 * 2 * 2 * s * s * h * d / 2  # fwd (2 matmuls) + bwd (2.5×), causal half
     q, k, v = (torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -61,10 +63,12 @@ def single() -> None:
         ).transpose(1, 2).backward(g)
 
     t_ours, t_sdpa = _timed(ours), _timed(sdpa)
-    print(f"| kernel | S | H | D | fwd+bwd ms | TFLOP/s |\n|---|---|---|---|---|---|\n"
-          f"| ring (W=1, {attention_backend(dev, torch.bfloat16)}) | {s} | {h} | {d} | {t_ours * 1e3:.1f} | "
-          f"{flops / t_ours / 1e12:.1f} |\n| torch SDPA | {s} | {h} | {d} | {t_sdpa * 1e3:.1f} | "
-          f"{flops / t_sdpa / 1e12:.1f} |\nratio ours/SDPA time: {t_ours / t_sdpa:.2f}")
+    print(
+        f"| kernel | S | H | D | fwd+bwd ms | TFLOP/s |\n|---|---|---|---|---|---|\n"
+        f"| ring (W=1, {attention_backend(dev, torch.bfloat16)}) | {s} | {h} | {d} | {t_ours * 1e3:.1f} | "
+        f"{flops / t_ours / 1e12:.1f} |\n| torch SDPA | {s} | {h} | {d} | {t_sdpa * 1e3:.1f} | "
+        f"{flops / t_sdpa / 1e12:.1f} |\nratio ours/SDPA time: {t_ours / t_sdpa:.2f}"
+    )
 
 
 def ring() -> None:
@@ -79,16 +83,19 @@ def ring() -> None:
         out = ring_attention(*(shard_sequence(t, 1, layout) for t in (q, k, v)), layout=layout)
         err = _rel(unshard_sequence(out, 1, layout), _ref(q, k, v))
         s = 4096 * world  # timing: 4k tokens per rank
-        loc = [torch.randn(1, s // world, n, 128, device=dev, dtype=torch.bfloat16, requires_grad=True)
-               for n in (32, 8, 8)]
+        loc = [
+            torch.randn(1, s // world, n, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for n in (32, 8, 8)
+        ]
         gl = torch.randn_like(loc[0])
         t = _timed(lambda loc=loc, gl=gl, layout=layout: ring_attention(*loc, layout=layout).backward(gl))
         times = [torch.zeros(1, device=dev) for _ in range(world)]
         dist.all_gather(times, torch.tensor([t], device=dev))
         if rank == 0:
             ts = [x.item() * 1e3 for x in times]
-            print(f"ring W={world} {layout:10s} bf16: rel err {err:.2e} (S={small}); S={s} per-rank fwd+bwd ms "
-                  f"{' / '.join(f'{x:.1f}' for x in ts)}; imbalance {max(ts) / (sum(ts) / world):.3f}")
+            print(
+                f"ring W={world} {layout:10s} bf16: rel err {err:.2e} (S={small}); S={s} per-rank fwd+bwd ms "
+                f"{' / '.join(f'{x:.1f}' for x in ts)}; imbalance {max(ts) / (sum(ts) / world):.3f}"
+            )
     dist.destroy_process_group()
 
 

@@ -127,8 +127,9 @@ def run(a: argparse.Namespace, proc: subprocess.Popen, tmp: Path) -> None:
     post([item("state", state="RUNNING", reason="soak")])
     subs: list[list[int]] = [[] for _ in range(a.subscribers)]
     ends: list[list[int]] = [[] for _ in range(a.subscribers)]
-    threads = [threading.Thread(target=follow, args=(url, jid, subs[i], ends[i]), daemon=True)
-               for i in range(a.subscribers)]
+    threads = [
+        threading.Thread(target=follow, args=(url, jid, subs[i], ends[i]), daemon=True) for i in range(a.subscribers)
+    ]
     for t in threads:
         t.start()
     time.sleep(1.0)
@@ -162,17 +163,31 @@ def run(a: argparse.Namespace, proc: subprocess.Popen, tmp: Path) -> None:
     # no point is superseded here, so each follower's ids must be exactly 1..last_seq of the `end` message
     lost_subs = sum(1 for i, ids in enumerate(subs) if not ends[i] or ids != list(range(1, ends[i][0] + 1)))
     print(f"$ python -m bench.soak --minutes {a.minutes:g} --rate {a.rate:g} --subscribers {a.subscribers}")
-    print(f"ran {time.time() - t0:.0f} s: {step} steps, {points} metric points, {requests} requests, "
-          f"{a.subscribers} SSE followers")
-    print(f"points stored {n_stored}/{points} (lost {points - n_stored}); followers with a gap or no end: "
-          f"{lost_subs}; first point seq {stored['points'][0]['seq'] if stored['points'] else None}")
+    print(
+        f"ran {time.time() - t0:.0f} s: {step} steps, {points} metric points, {requests} requests, "
+        f"{a.subscribers} SSE followers"
+    )
+    print(
+        f"points stored {n_stored}/{points} (lost {points - n_stored}); followers with a gap or no end: "
+        f"{lost_subs}; first point seq {stored['points'][0]['seq'] if stored['points'] else None}"
+    )
     print("RSS of the server process (MiB):")
     for el, kib in samples:
         print(f"  t={el:7.1f} s  {kib / 1024:8.1f}")
     start, end = samples[0][1], samples[-1][1]
-    print(json.dumps({"rss_start_mib": round(start / 1024, 1), "rss_end_mib": round(end / 1024, 1),
-                      "rss_growth_mib": round((end - start) / 1024, 1), "points": points, "stored": n_stored,
-                      "requests": requests, "followers_with_gaps": lost_subs}))
+    print(
+        json.dumps(
+            {
+                "rss_start_mib": round(start / 1024, 1),
+                "rss_end_mib": round(end / 1024, 1),
+                "rss_growth_mib": round((end - start) / 1024, 1),
+                "points": points,
+                "stored": n_stored,
+                "requests": requests,
+                "followers_with_gaps": lost_subs,
+            }
+        )
+    )
 
 
 def _count_points(c: httpx.Client, jid: str) -> int:

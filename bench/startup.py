@@ -1,7 +1,7 @@
 """Startup latency: job submission → end of the first training step, ringtrain vs Ray Train's TorchTrainer.
 
 Both run as Ray jobs submitted through the same Jobs API on the same private local Ray head, with 2 CPU workers
-and the *same* training code (`workers.trainer.run_training` on a tiny spec), so the difference is orchestration:
+and the *same* training code (`workers.training.trainer` on a tiny spec), so the difference is orchestration:
 ringtrain's driver (placement group, rank actors, rank ordering, gloo rendezvous) vs Ray Train's controller and
 worker group. The first step's end is the wall-clock `time` of the step-1 `loss` point, measured on rank 0.
 
@@ -48,8 +48,8 @@ def raytrain_job(spec_json: str, out_path: str, storage: str) -> None:
         import torch.distributed as dist
 
         from workers.config import JobSpec
-        from workers.reports import MetricPoint
-        from workers.trainer import run_training
+        from workers.protocol import MetricPoint
+        from workers.training.trainer import run_training
 
         first: list[float] = []
 
@@ -87,8 +87,16 @@ def run_ringtrain(launcher: Any, receiver: Any, spec: Any, tmp: Path, i: int) ->
     job_id = f"bench{i}-{os.getpid()}"
     receiver.add_job(job_id, "tok")
     t0 = time.time()
-    sid = launcher.submit(LaunchRequest(job_id=job_id, spec=spec, control_url=receiver.url, ingest_token="tok",
-                                        checkpoint_dir=str(tmp), placement_timeout_s=120))
+    sid = launcher.submit(
+        LaunchRequest(
+            job_id=job_id,
+            spec=spec,
+            control_url=receiver.url,
+            ingest_token="tok",
+            checkpoint_dir=str(tmp),
+            placement_timeout_s=120,
+        )
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         with receiver.lock:
@@ -109,8 +117,11 @@ def run_raytrain(launcher: Any, spec_json: str, tmp: Path, i: int) -> float:
     storage = tmp / "ray_results"
     entry = f"{sys.executable} {Path(__file__).resolve()} --raytrain-job {out} {storage}"
     t0 = time.time()
-    sid = launcher._client.submit_job(entrypoint=entry, runtime_env={"env_vars": {"RINGTRAIN_BENCH_SPEC": spec_json}},
-                                      submission_id=f"bench-raytrain-{os.getpid()}-{i}")
+    sid = launcher._client.submit_job(
+        entrypoint=entry,
+        runtime_env={"env_vars": {"RINGTRAIN_BENCH_SPEC": spec_json}},
+        submission_id=f"bench-raytrain-{os.getpid()}-{i}",
+    )
     try:
         first = _wait_file(out, 300)["first_step_time"]
     except TimeoutError as e:
@@ -159,13 +170,17 @@ def main() -> int:
                 results["ringtrain"].append(run_ringtrain(launcher, receiver, spec, tmp, i))
                 if have_train:
                     results["ray-train TorchTrainer"].append(run_raytrain(launcher, spec.model_dump_json(), tmp, i))
-                print(f"run {i + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in results.items() if v),
-                      file=sys.stderr)
+                print(
+                    f"run {i + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in results.items() if v),
+                    file=sys.stderr,
+                )
         finally:
             receiver.close()
 
-    print(f"\nsubmit → end of first training step, 2 CPU workers, tiny model, {os.cpu_count()} cores, "
-          f"median of {args.runs}")
+    print(
+        f"\nsubmit → end of first training step, 2 CPU workers, tiny model, {os.cpu_count()} cores, "
+        f"median of {args.runs}"
+    )
     print(f"{'system':<26}{'median s':>10}{'min s':>10}{'max s':>10}")
     med = {}
     for name, vals in results.items():

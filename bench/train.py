@@ -31,7 +31,7 @@ import torch
 
 from tests.dist import run_distributed
 from workers.config import JobSpec
-from workers.trainer import run_training
+from workers.training.trainer import run_training
 
 RINGS = (1, 2, 4)
 MIB = 1 << 20

@@ -24,7 +24,7 @@ from service.launcher import DriverStatus, Launcher, LaunchRequest
 from service.settings import Settings
 from service.store import JobNotFound, Store, StoreError, hash_token
 from workers.config import JobSpec
-from workers.reports import JobState
+from workers.protocol import JobState
 
 log = logging.getLogger("ringtrain.controller")
 
@@ -41,8 +41,10 @@ class Controller:
 
     # ---- lifecycle of the loops -----------------------------------------------------------------
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(self.schedule_once, self.settings.scheduler_interval_s)),
-                       asyncio.create_task(self._loop(self.reconcile_once, self.settings.reconcile_interval_s))]
+        self._tasks = [
+            asyncio.create_task(self._loop(self.schedule_once, self.settings.scheduler_interval_s)),
+            asyncio.create_task(self._loop(self.reconcile_once, self.settings.reconcile_interval_s)),
+        ]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -81,10 +83,17 @@ class Controller:
         token = secrets.token_urlsafe(32)
         await asyncio.to_thread(self._rotate_token, job_id, token)
         through = await asyncio.to_thread(self.store.points_through, job_id, spec.world_size) if attempt else None
-        req = LaunchRequest(job_id=job_id, spec=spec, control_url=self.settings.control_url, ingest_token=token,
-                            checkpoint_dir=self.settings.checkpoint_dir, attempt=attempt,
-                            placement_timeout_s=self.settings.placement_timeout_s, restarts=restarts,
-                            resume_max_step=through)
+        req = LaunchRequest(
+            job_id=job_id,
+            spec=spec,
+            control_url=self.settings.control_url,
+            ingest_token=token,
+            checkpoint_dir=self.settings.checkpoint_dir,
+            attempt=attempt,
+            placement_timeout_s=self.settings.placement_timeout_s,
+            restarts=restarts,
+            resume_max_step=through,
+        )
         try:
             sid = await asyncio.to_thread(self.launcher.submit, req)
         except Exception as e:  # Ray unreachable, rejected entrypoint, ...
@@ -92,8 +101,9 @@ class Controller:
             msg = f"could not submit the driver to Ray: {type(e).__name__}: {e}"
             log.warning("job %s: %s (try %d of %d)", job_id, msg, n, self.settings.submit_attempts)
             if n >= self.settings.submit_attempts:
-                await asyncio.to_thread(self.store.transition, job_id, JobState.FAILED,
-                                        f"{msg} (gave up after {n} tries)")
+                await asyncio.to_thread(
+                    self.store.transition, job_id, JobState.FAILED, f"{msg} (gave up after {n} tries)"
+                )
             else:
                 self._next_try[job_id] = time.time() + min(30.0, 2.0**n)
             return
@@ -103,8 +113,13 @@ class Controller:
         if job.cancel_requested or JobState(job.state).terminal:
             await asyncio.to_thread(self.launcher.stop, sid)
             return
-        await asyncio.to_thread(self.store.transition, job_id, JobState.PLACING,
-                                f"driver submitted to Ray (submission {sid})", only_from={JobState.QUEUED})
+        await asyncio.to_thread(
+            self.store.transition,
+            job_id,
+            JobState.PLACING,
+            f"driver submitted to Ray (submission {sid})",
+            only_from={JobState.QUEUED},
+        )
 
     def _rotate_token(self, job_id: str, token: str) -> None:
         self.store.set_ingest_token_hash(job_id, hash_token(token))
@@ -135,11 +150,17 @@ class Controller:
             except Exception as e:
                 log.warning("job %s: cannot read driver status (%s)", job.id, e)
                 continue
-            if job.cancel_requested and job.cancel_requested_at and now - job.cancel_requested_at > \
-                    self.settings.cancel_grace_s:
-                await self._end(job.id, JobState.CANCELLED,
-                                f"cancel requested; the driver did not confirm within {self.settings.cancel_grace_s:g}s"
-                                f" (Ray status {info.status})")
+            if (
+                job.cancel_requested
+                and job.cancel_requested_at
+                and now - job.cancel_requested_at > self.settings.cancel_grace_s
+            ):
+                await self._end(
+                    job.id,
+                    JobState.CANCELLED,
+                    f"cancel requested; the driver did not confirm within {self.settings.cancel_grace_s:g}s"
+                    f" (Ray status {info.status})",
+                )
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.launcher.stop, job.submission_id)
                 continue
@@ -154,8 +175,12 @@ class Controller:
             if job.cancel_requested:
                 await self._end(job.id, JobState.CANCELLED, f"cancelled; driver ended (Ray status {info.status})")
             elif info.status == DriverStatus.UNKNOWN:
-                await self._end(job.id, JobState.FAILED, f"Ray does not know driver {job.submission_id} "
-                                f"(the cluster was replaced or the job expired){detail}")
+                await self._end(
+                    job.id,
+                    JobState.FAILED,
+                    f"Ray does not know driver {job.submission_id} "
+                    f"(the cluster was replaced or the job expired){detail}",
+                )
             else:
                 reason = f"the driver ended without reporting a final state (Ray status {info.status}{detail})"
                 if info.status == DriverStatus.FAILED:  # crashed or killed: its checkpoints are still there

@@ -9,7 +9,7 @@ Terminal states never change. Every transition is stored with a time and a reaso
 
 from __future__ import annotations
 
-from workers.reports import TERMINAL_STATES, JobState
+from workers.protocol import TERMINAL_STATES, JobState
 
 S = JobState
 ALLOWED: dict[JobState, frozenset[JobState]] = {

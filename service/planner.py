@@ -106,8 +106,9 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
         bundle["GPU"] = 1.0
     W, R = spec.world_size, spec.parallel.ring_size
     nodes = [n for n in cluster.nodes if n.alive]
-    out = Plan(fits=False, accelerator=acc, strategy="STRICT_PACK", world_size=W, bundle=bundle,
-               memory=memory_estimate(spec))
+    out = Plan(
+        fits=False, accelerator=acc, strategy="STRICT_PACK", world_size=W, bundle=bundle, memory=memory_estimate(spec)
+    )
     total = sum(_capacity(n, bundle, free=False) for n in nodes)
     free = sum(_capacity(n, bundle, free=True) for n in nodes)
     need = "GPUs" if acc == "gpu" else f"bundles of {bundle['CPU']:g} CPU"
@@ -115,12 +116,15 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
         out.warnings.append("the cluster reports no alive nodes; placement cannot be previewed")
         return out
     if total < W:
-        out.warnings.append(f"the job needs {W} {need} (ring_size {R} × data_parallel {spec.parallel.data_parallel})"
-                            f" but the whole cluster has {total}: it can never be placed")
+        out.warnings.append(
+            f"the job needs {W} {need} (ring_size {R} × data_parallel {spec.parallel.data_parallel})"
+            f" but the whole cluster has {total}: it can never be placed"
+        )
         return out
     if free < W:
-        out.warnings.append(f"only {free} of the {W} {need} are free now: the job will wait in PLACING "
-                            f"(up to the placement timeout)")
+        out.warnings.append(
+            f"only {free} of the {W} {need} are free now: the job will wait in PLACING (up to the placement timeout)"
+        )
     use_free = free >= W
     caps = sorted(((_capacity(n, bundle, free=use_free), n) for n in nodes), key=lambda x: (-x[0], x[1].node_id))
     if caps[0][0] >= W:
@@ -136,16 +140,19 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
     out.fits = True
     out.nodes_used = len({nid for nid, _ in slots})
     for rank, (nid, dev) in enumerate(slots):
-        out.placement.append(RankSlot(rank=rank, ring=rank // R, node_id=nid,
-                                      device=f"cuda:{dev}" if acc == "gpu" else "cpu"))
+        out.placement.append(
+            RankSlot(rank=rank, ring=rank // R, node_id=nid, device=f"cuda:{dev}" if acc == "gpu" else "cpu")
+        )
     for ring in range(W // R):
-        members = out.placement[ring * R:(ring + 1) * R]
+        members = out.placement[ring * R : (ring + 1) * R]
         if R > 1:
             out.node_crossings += sum(members[i].node_id != members[(i + 1) % R].node_id for i in range(R))
     if acc == "cpu" and spec.resources.accelerator == "auto" and W > 1:
         out.warnings.append("no GPUs in the cluster: ranks run on CPU with gloo (fine for demos, slow to train)")
     mem = out.memory["total_bytes"]
     if acc == "gpu" and mem > 80 * 2**30:
-        out.warnings.append(f"estimated {mem / 2**30:.1f} GiB per rank exceeds an 80 GiB GPU: raise ring_size or "
-                            "enable train.activation_checkpointing")
+        out.warnings.append(
+            f"estimated {mem / 2**30:.1f} GiB per rank exceeds an 80 GiB GPU: raise ring_size or "
+            "enable train.activation_checkpointing"
+        )
     return out

@@ -159,8 +159,9 @@ class RayJobLauncher:
             used = usage.get(nid, {})
             alive = row.get("state") == "ALIVE"
 
-            def free(key: str, total: dict[str, Any] = total, used: dict[str, list[float]] = used,
-                     alive: bool = alive) -> float:
+            def free(
+                key: str, total: dict[str, Any] = total, used: dict[str, list[float]] = used, alive: bool = alive
+            ) -> float:
                 t = float(total.get(key, 0.0))
                 if not alive:
                     return 0.0

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import lifecycle
 from service.models import Job, LogLine, MetricPointRow, Transition
 from workers.config import JobSpec
-from workers.reports import JobState, LogItem, MetricItem, ReportItem, StateItem
+from workers.protocol import JobState, LogItem, MetricItem, ReportItem, StateItem
 
 _METRIC_KEYS = ("seq", "step", "name", "value", "rank", "time")
 
@@ -76,7 +76,8 @@ def finite(v: float | None) -> float | None:
 
 def metric_event(p: MetricPointRow) -> Event:
     return Event(
-        p.seq, "metric",
+        p.seq,
+        "metric",
         {"seq": p.seq, "step": p.step, "name": p.name, "value": finite(p.value), "rank": p.rank, "time": p.time},
     )
 
@@ -146,10 +147,18 @@ class Store:
         job.next_event_seq = seq + 1
         return seq
 
-    def _transition(self, s: Session, job: Job, to: JobState, reason: str, now: float,
-                    resume_step: int | None = None) -> Event:
-        t = Transition(job_id=job.id, seq=self._next_seq(job), time=now, from_state=job.state, to_state=to.value,
-                       reason=reason, resume_step=resume_step)
+    def _transition(
+        self, s: Session, job: Job, to: JobState, reason: str, now: float, resume_step: int | None = None
+    ) -> Event:
+        t = Transition(
+            job_id=job.id,
+            seq=self._next_seq(job),
+            time=now,
+            from_state=job.state,
+            to_state=to.value,
+            reason=reason,
+            resume_step=resume_step,
+        )
         s.add(t)
         job.state = to.value
         job.updated_at = now
@@ -165,15 +174,33 @@ class Store:
     def create_job(self, owner: str, spec: JobSpec, ingest_token: str) -> Job:
         now = time.time()
         job = Job(
-            id=new_job_id(), name=spec.name, owner=owner, state=JobState.QUEUED.value,
-            spec=spec.model_dump(mode="json"), ingest_token_hash=hash_token(ingest_token), attempt=0, step=0,
-            total_steps=spec.train.steps, restarts=0, last_report_seq=0, next_event_seq=1, submit_failures=0,
-            cancel_requested=False, created_at=now, updated_at=now,
+            id=new_job_id(),
+            name=spec.name,
+            owner=owner,
+            state=JobState.QUEUED.value,
+            spec=spec.model_dump(mode="json"),
+            ingest_token_hash=hash_token(ingest_token),
+            attempt=0,
+            step=0,
+            total_steps=spec.train.steps,
+            restarts=0,
+            last_report_seq=0,
+            next_event_seq=1,
+            submit_failures=0,
+            cancel_requested=False,
+            created_at=now,
+            updated_at=now,
         )
         with self._write() as (s, out):
             s.add(job)
-            t = Transition(job_id=job.id, seq=self._next_seq(job), time=now, from_state=None,
-                           to_state=JobState.QUEUED.value, reason="submitted")
+            t = Transition(
+                job_id=job.id,
+                seq=self._next_seq(job),
+                time=now,
+                from_state=None,
+                to_state=JobState.QUEUED.value,
+                reason="submitted",
+            )
             s.add(t)
             out.append((job.id, [transition_event(t)]))
         return job
@@ -185,8 +212,9 @@ class Store:
                 raise JobNotFound(job_id)
             return job
 
-    def list_jobs(self, owner: str | None, state: Sequence[str] | None = None, limit: int = 50,
-                  offset: int = 0) -> tuple[list[Job], int]:
+    def list_jobs(
+        self, owner: str | None, state: Sequence[str] | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[list[Job], int]:
         q = select(Job)
         if owner is not None:
             q = q.where(Job.owner == owner)
@@ -219,8 +247,15 @@ class Store:
         return hmac.compare_digest(h or "0" * 64, hash_token(token)) and h is not None
 
     # ---- control-plane writes -------------------------------------------------------------------
-    def transition(self, job_id: str, to: JobState, reason: str, *, only_from: set[JobState] | None = None,
-                   error: str | None = None) -> bool:
+    def transition(
+        self,
+        job_id: str,
+        to: JobState,
+        reason: str,
+        *,
+        only_from: set[JobState] | None = None,
+        error: str | None = None,
+    ) -> bool:
         """Move a job (control-plane side). False when it is not in `only_from` or the move is illegal."""
         now = time.time()
         with self._write() as (s, out):
@@ -263,14 +298,21 @@ class Store:
             job = self._lock_job(s, job_id)
             cur = JobState(job.state)
             max_restarts = int((job.spec or {}).get("max_restarts", 0))
-            if cur.terminal or job.cancel_requested or job.submission_id != submission_id \
-                    or job.restarts >= max_restarts:
+            if (
+                cur.terminal
+                or job.cancel_requested
+                or job.submission_id != submission_id
+                or job.restarts >= max_restarts
+            ):
                 return False
             events: list[Event] = []
             why = f"{reason}; restart {job.restarts + 1}/{max_restarts}: resubmitting the driver"
-            for st in ([] if cur == JobState.RETRYING else lifecycle.path(cur, JobState.RETRYING)):
-                events.append(self._transition(s, job, st, why if st == JobState.RETRYING else
-                                               "implied by the driver's loss", now))
+            for st in [] if cur == JobState.RETRYING else lifecycle.path(cur, JobState.RETRYING):
+                events.append(
+                    self._transition(
+                        s, job, st, why if st == JobState.RETRYING else "implied by the driver's loss", now
+                    )
+                )
             if cur == JobState.RETRYING:  # it died while re-reserving: no new transition, but say so
                 r = LogLine(job_id=job.id, seq=self._next_seq(job), time=now, source="control-plane", line=why)
                 s.add(r)
@@ -331,15 +373,21 @@ class Store:
                     res.applied_to = res.acked_seq
                     break
                 if isinstance(it, MetricItem):
-                    row = {"job_id": job_id, "seq": self._next_seq(job), "step": it.step, "name": it.name,
-                           "value": finite(it.value), "rank": it.rank, "time": it.time}
+                    row = {
+                        "job_id": job_id,
+                        "seq": self._next_seq(job),
+                        "step": it.step,
+                        "name": it.name,
+                        "value": finite(it.value),
+                        "rank": it.rank,
+                        "time": it.time,
+                    }
                     pending.append(row)
                     events.append(Event(row["seq"], "metric", {k: row[k] for k in _METRIC_KEYS}))
                     res.points += 1
                     job.step = it.step
                     if it.rank is None:
-                        latest[it.name] = {"step": it.step, "value": row["value"], "seq": row["seq"],
-                                           "time": it.time}
+                        latest[it.name] = {"step": it.step, "value": row["value"], "seq": row["seq"], "time": it.time}
                 elif isinstance(it, LogItem):
                     r = LogLine(job_id=job_id, seq=self._next_seq(job), time=it.time, source=it.source, line=it.line)
                     s.add(r)
@@ -355,8 +403,9 @@ class Store:
             out.append((job_id, events))
             return res
 
-    def _apply_state(self, s: Session, job: Job, it: StateItem, events: list[Event], latest: dict[str, Any],
-                     now: float) -> dict[str, Any]:
+    def _apply_state(
+        self, s: Session, job: Job, it: StateItem, events: list[Event], latest: dict[str, Any], now: float
+    ) -> dict[str, Any]:
         cur = JobState(job.state)
         if cur.terminal:
             return latest  # terminal states never change; late reports are acknowledged and dropped
@@ -370,9 +419,14 @@ class Store:
         if job.cancel_requested and target == JobState.FAILED:
             # the user asked for a stop: a driver that dies while stopping ends CANCELLED, not FAILED
             target = JobState.CANCELLED
-            it = it.model_copy(update={"state": target, "error": None,
-                                       "reason": f"cancelled (the driver reported while stopping: "
-                                                 f"{(it.reason or it.error or 'failure')[:500]})"})
+            it = it.model_copy(
+                update={
+                    "state": target,
+                    "error": None,
+                    "reason": f"cancelled (the driver reported while stopping: "
+                    f"{(it.reason or it.error or 'failure')[:500]})",
+                }
+            )
             job.error = None
         resume = None
         if it.resume_step is not None:  # RETRYING after a lost rank, or a resubmitted driver's first PLACING
@@ -384,8 +438,13 @@ class Store:
         try:
             route = lifecycle.path(cur, it.state)
         except lifecycle.InvalidTransition as e:
-            r = LogLine(job_id=job.id, seq=self._next_seq(job), time=now, source="control-plane",
-                        line=f"ignored state report {it.state} ({e})")
+            r = LogLine(
+                job_id=job.id,
+                seq=self._next_seq(job),
+                time=now,
+                source="control-plane",
+                line=f"ignored state report {it.state} ({e})",
+            )
             s.add(r)
             events.append(log_event(r))
             return latest
@@ -395,32 +454,44 @@ class Store:
                 job.restarts += 1
             if st == JobState.FAILED and not job.error:
                 job.error = it.reason or "the driver reported failure"
-            events.append(self._transition(s, job, st, reason or st.value.lower(), now,
-                                           resume_step=resume if st == it.state else None))
+            events.append(
+                self._transition(
+                    s, job, st, reason or st.value.lower(), now, resume_step=resume if st == it.state else None
+                )
+            )
         return latest
 
     @staticmethod
     def _recompute_latest(s: Session, job_id: str) -> dict[str, Any]:
-        sub = (select(MetricPointRow.name, func.max(MetricPointRow.seq).label("seq"))
-               .where(MetricPointRow.job_id == job_id, MetricPointRow.rank.is_(None))
-               .group_by(MetricPointRow.name).subquery())
-        rows = s.scalars(select(MetricPointRow).join(sub, (MetricPointRow.seq == sub.c.seq)
-                                                     & (MetricPointRow.name == sub.c.name))
-                         .where(MetricPointRow.job_id == job_id))
+        sub = (
+            select(MetricPointRow.name, func.max(MetricPointRow.seq).label("seq"))
+            .where(MetricPointRow.job_id == job_id, MetricPointRow.rank.is_(None))
+            .group_by(MetricPointRow.name)
+            .subquery()
+        )
+        rows = s.scalars(
+            select(MetricPointRow)
+            .join(sub, (MetricPointRow.seq == sub.c.seq) & (MetricPointRow.name == sub.c.name))
+            .where(MetricPointRow.job_id == job_id)
+        )
         return {p.name: {"step": p.step, "value": finite(p.value), "seq": p.seq, "time": p.time} for p in rows}
 
     def points_through(self, job_id: str, world_size: int) -> int:
         """N such that the points of steps 1..N are all stored: the global ones and each rank's own (every rank
         emits one per step). A resubmitted driver resumes no later, so nothing its predecessor lost stays missing."""
         with self._read() as s:
-            rows = s.execute(select(MetricPointRow.rank, func.max(MetricPointRow.step))
-                             .where(MetricPointRow.job_id == job_id).group_by(MetricPointRow.rank)).all()
+            rows = s.execute(
+                select(MetricPointRow.rank, func.max(MetricPointRow.step))
+                .where(MetricPointRow.job_id == job_id)
+                .group_by(MetricPointRow.rank)
+            ).all()
         newest = {rank: int(step) for rank, step in rows}
         return min([newest.get(None, 0), *(newest.get(r, 0) for r in range(world_size))])
 
     # ---- reads of the event stream --------------------------------------------------------------
-    def metrics(self, job_id: str, after: int = 0, limit: int = 1000, names: Sequence[str] | None = None
-                ) -> list[MetricPointRow]:
+    def metrics(
+        self, job_id: str, after: int = 0, limit: int = 1000, names: Sequence[str] | None = None
+    ) -> list[MetricPointRow]:
         q = select(MetricPointRow).where(MetricPointRow.job_id == job_id, MetricPointRow.seq > after)
         if names:
             q = q.where(MetricPointRow.name.in_(list(names)))
@@ -435,15 +506,33 @@ class Store:
     def events_after(self, job_id: str, after: int, limit: int = 1000) -> list[Event]:
         """Stored events with seq > after, in seq order (at most `limit`)."""
         with self._read() as s:
-            evs = [transition_event(t) for t in s.scalars(
-                select(Transition).where(Transition.job_id == job_id, Transition.seq > after)
-                .order_by(Transition.seq).limit(limit))]
-            evs += [metric_event(p) for p in s.scalars(
-                select(MetricPointRow).where(MetricPointRow.job_id == job_id, MetricPointRow.seq > after)
-                .order_by(MetricPointRow.seq).limit(limit))]
-            evs += [log_event(r) for r in s.scalars(
-                select(LogLine).where(LogLine.job_id == job_id, LogLine.seq > after)
-                .order_by(LogLine.seq).limit(limit))]
+            evs = [
+                transition_event(t)
+                for t in s.scalars(
+                    select(Transition)
+                    .where(Transition.job_id == job_id, Transition.seq > after)
+                    .order_by(Transition.seq)
+                    .limit(limit)
+                )
+            ]
+            evs += [
+                metric_event(p)
+                for p in s.scalars(
+                    select(MetricPointRow)
+                    .where(MetricPointRow.job_id == job_id, MetricPointRow.seq > after)
+                    .order_by(MetricPointRow.seq)
+                    .limit(limit)
+                )
+            ]
+            evs += [
+                log_event(r)
+                for r in s.scalars(
+                    select(LogLine)
+                    .where(LogLine.job_id == job_id, LogLine.seq > after)
+                    .order_by(LogLine.seq)
+                    .limit(limit)
+                )
+            ]
         evs.sort(key=lambda e: e.seq)
         return evs[:limit]
 

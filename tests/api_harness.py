@@ -37,8 +37,12 @@ TINY_SPEC: dict[str, Any] = {
 class RecordingLauncher:
     """Records submits and stops; `status` answers from `statuses` (default RUNNING)."""
 
-    nodes: list[NodeInfo] = field(default_factory=lambda: [
-        NodeInfo("node-a", "10.0.0.1", True, 8, 8, 0, 0), NodeInfo("node-b", "10.0.0.2", True, 8, 8, 0, 0)])
+    nodes: list[NodeInfo] = field(
+        default_factory=lambda: [
+            NodeInfo("node-a", "10.0.0.1", True, 8, 8, 0, 0),
+            NodeInfo("node-b", "10.0.0.2", True, 8, 8, 0, 0),
+        ]
+    )
     submits: list[LaunchRequest] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
     statuses: dict[str, DriverInfo] = field(default_factory=dict)
@@ -79,8 +83,15 @@ class Server:
         self.settings = settings
         self.launcher = launcher
         self.app = create_app(settings, launcher)
-        cfg = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="warning", access_log=False,
-                             lifespan="on", timeout_graceful_shutdown=2)
+        cfg = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=settings.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
         self.server = uvicorn.Server(cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{settings.port}"
@@ -106,10 +117,18 @@ class Server:
 def make_settings(tmp: Path, database_url: str | None = None, **over: Any) -> Settings:
     port = free_port()
     base: dict[str, Any] = dict(
-        database_url=database_url or f"sqlite:///{tmp}/ringtrain.db", api_tokens=TOKENS, port=port,
-        checkpoint_dir=str(tmp / "ckpt"), data_roots=[str(tmp)], scheduler_interval_s=0.05,
-        reconcile_interval_s=0.1, reconcile_grace_s=0.3, cancel_grace_s=5.0, sse_ping_s=1.0,
-        token_file=tmp / "token", log_level="WARNING",
+        database_url=database_url or f"sqlite:///{tmp}/ringtrain.db",
+        api_tokens=TOKENS,
+        port=port,
+        checkpoint_dir=str(tmp / "ckpt"),
+        data_roots=[str(tmp)],
+        scheduler_interval_s=0.05,
+        reconcile_interval_s=0.1,
+        reconcile_grace_s=0.3,
+        cancel_grace_s=5.0,
+        sse_ping_s=1.0,
+        token_file=tmp / "token",
+        log_level="WARNING",
     )
     base.update(over)
     return Settings(**base)

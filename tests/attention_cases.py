@@ -39,8 +39,9 @@ def ring_vs_reference(rank: int, world: int, cases: list[dict]) -> list[dict]:
     results = []
     for case in cases:
         dtype = case["dtype"]
-        q, k, v, dout = make_inputs(case["seed"], case["b"], case["s"], case["h"], case["hk"], case["d"], dtype,
-                                    case.get("logit_scale", 1.0))
+        q, k, v, dout = make_inputs(
+            case["seed"], case["b"], case["s"], case["h"], case["hk"], case["d"], dtype, case.get("logit_scale", 1.0)
+        )
         layout, causal = case["layout"], case["causal"]
         # reference in float64 from the same (dtype-rounded) inputs
         qr, kr, vr = (t.detach().double().clone().requires_grad_() for t in (q, k, v))
@@ -56,17 +57,19 @@ def ring_vs_reference(rank: int, world: int, cases: list[dict]) -> list[dict]:
         out = ring_attention(*shards, causal=causal, layout=layout)
         out.backward(shard_sequence(dout, 1, layout))
         full = [unshard_sequence(x, 1, layout) for x in (out.detach(), *(t.grad for t in shards))]
-        results.append({
-            "case": case,
-            "out_dtype": str(out.dtype),
-            "grad_dtypes": [str(t.grad.dtype) for t in shards],
-            "errors": [rel_err(a, b) for a, b in zip(full, (ref, qr.grad, kr.grad, vr.grad), strict=True)],
-            "single_errors": [
-                rel_err(a, b) for a, b in zip((single, qs.grad, ks.grad, vs.grad), (ref, qr.grad, kr.grad, vr.grad),
-                                              strict=True)
-            ],
-            "finite": all(bool(torch.isfinite(x).all()) for x in full),
-        })
+        results.append(
+            {
+                "case": case,
+                "out_dtype": str(out.dtype),
+                "grad_dtypes": [str(t.grad.dtype) for t in shards],
+                "errors": [rel_err(a, b) for a, b in zip(full, (ref, qr.grad, kr.grad, vr.grad), strict=True)],
+                "single_errors": [
+                    rel_err(a, b)
+                    for a, b in zip((single, qs.grad, ks.grad, vs.grad), (ref, qr.grad, kr.grad, vr.grad), strict=True)
+                ],
+                "finite": all(bool(torch.isfinite(x).all()) for x in full),
+            }
+        )
     return results
 
 

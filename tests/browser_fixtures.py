@@ -15,8 +15,16 @@ from tests.api_harness import ALICE, Driver, Server
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TOKEN_KEY = "ringtrain.token"
 
 
@@ -63,8 +71,15 @@ def placement(ranks: int, nodes: tuple[str, ...] = ("node-a", "node-b"), gpu: bo
     out = []
     for r in range(ranks):
         node = nodes[r // per]
-        out.append({"rank": r, "node_id": node, "node_ip": f"10.0.0.{nodes.index(node) + 1}",
-                    "device": f"cuda:{r % per}" if gpu else "cpu", "ring": 0})
+        out.append(
+            {
+                "rank": r,
+                "node_id": node,
+                "node_ip": f"10.0.0.{nodes.index(node) + 1}",
+                "device": f"cuda:{r % per}" if gpu else "cpu",
+                "ring": 0,
+            }
+        )
     return out
 
 
@@ -72,21 +87,29 @@ def start_running(srv: Server, job_id: str, ranks: int = 4, **kw: Any) -> Driver
     """Play the driver: PLACING → RUNNING with a placement over two nodes."""
     d = Driver(srv, job_id)
     assert d.state("PLACING", reason="reserving 4 bundles").status_code == 200
-    r = d.state("RUNNING", reason=f"all {ranks} ranks placed", placement=placement(ranks, **kw),
-                metadata={"backend": "nccl", "kernel": "flash"})
+    r = d.state(
+        "RUNNING",
+        reason=f"all {ranks} ranks placed",
+        placement=placement(ranks, **kw),
+        metadata={"backend": "nccl", "kernel": "flash"},
+    )
     assert r.status_code == 200, r.text
     return d
 
 
 def step_items(d: Driver, step: int, ranks: int = 4, loss: float | None = None) -> list[dict[str, Any]]:
-    loss = loss if loss is not None else 6.0 * (0.98 ** step) + 0.05 * ((step * 7919) % 13) / 13
-    items = [d.item("metric", step=step, name="loss", value=loss),
-             d.item("metric", step=step, name="lr", value=3e-4 * min(1.0, (step + 1) / 20)),
-             d.item("metric", step=step, name="grad_norm", value=1.0 / (1 + step) + 0.3),
-             d.item("metric", step=step, name="tokens_per_s", value=52000 + 900 * ((step * 31) % 7)),
-             d.item("metric", step=step, name="step_time_s", value=0.31 + 0.02 * ((step * 17) % 5))]
-    items += [d.item("metric", step=step, name="mem_peak_bytes", value=(3.1 + 0.2 * r) * 2**30 + step * 2**20,
-                     rank=r) for r in range(ranks)]
+    loss = loss if loss is not None else 6.0 * (0.98**step) + 0.05 * ((step * 7919) % 13) / 13
+    items = [
+        d.item("metric", step=step, name="loss", value=loss),
+        d.item("metric", step=step, name="lr", value=3e-4 * min(1.0, (step + 1) / 20)),
+        d.item("metric", step=step, name="grad_norm", value=1.0 / (1 + step) + 0.3),
+        d.item("metric", step=step, name="tokens_per_s", value=52000 + 900 * ((step * 31) % 7)),
+        d.item("metric", step=step, name="step_time_s", value=0.31 + 0.02 * ((step * 17) % 5)),
+    ]
+    items += [
+        d.item("metric", step=step, name="mem_peak_bytes", value=(3.1 + 0.2 * r) * 2**30 + step * 2**20, rank=r)
+        for r in range(ranks)
+    ]
     return items
 
 
@@ -102,8 +125,12 @@ class Feeder:
     def run(self) -> None:
         try:
             while not self.stop_evt.is_set():
-                r = self.d.post([*step_items(self.d, self.step, self.ranks),
-                                 self.d.item("log", source="driver", line=f"step {self.step} loss ok")])
+                r = self.d.post(
+                    [
+                        *step_items(self.d, self.step, self.ranks),
+                        self.d.item("log", source="driver", line=f"step {self.step} loss ok"),
+                    ]
+                )
                 if r.status_code != 200:
                     break
                 self.step += 1
@@ -118,4 +145,3 @@ class Feeder:
     def __exit__(self, *exc: object) -> None:
         self.stop_evt.set()
         self.thread.join(timeout=10)
-

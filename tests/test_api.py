@@ -40,8 +40,9 @@ def test_submit_run_succeed_metrics(srv):
     assert req.control_url == srv.url and req.spec.name == "tiny" and len(req.ingest_token) > 20
     wait_for(lambda: job(c, j["id"])["state"] == "PLACING")
     placement = [{"rank": r, "node_id": "node-a", "device": "cpu"} for r in range(2)]
-    assert d.state("RUNNING", reason="2 ranks placed", placement=placement,
-                   metadata={"attention_backend": "cpu-flash"}).json() == {"acked_seq": 1}
+    assert d.state(
+        "RUNNING", reason="2 ranks placed", placement=placement, metadata={"attention_backend": "cpu-flash"}
+    ).json() == {"acked_seq": 1}
     assert d.metrics(range(5), ("loss", "lr")).json() == {"acked_seq": 11}
     assert d.post([d.item("log", line="hello from rank 0", source="rank-0")]).status_code == 200
     assert d.state("SUCCEEDED", reason="done").status_code == 200
@@ -191,7 +192,8 @@ def test_report_idempotency_gap_and_supersede(srv):
     j = submit(c)
     d = Driver(srv, j["id"])
     batch = [d.item("state", state="RUNNING", reason="go")] + [
-        d.item("metric", step=s, name="loss", value=10.0 - s) for s in range(10)]
+        d.item("metric", step=s, name="loss", value=10.0 - s) for s in range(10)
+    ]
     assert d.post(batch).json() == {"acked_seq": 11}
     assert d.post(batch).json() == {"acked_seq": 11}  # resent after a timeout: stored once
     pts = c.get(f"/v1/jobs/{j['id']}/metrics").json()["points"]
@@ -265,8 +267,9 @@ def test_data_roots_and_cluster_limits(srv, tmp_path):
     for p in (str(outside), str(link), "/etc/passwd", str(tmp_path / ".." / "x")):
         r = c.post("/v1/jobs", json={**text, "data": {"kind": "text", "seq_len": 128, "path": p}})
         assert r.status_code == 422 and r.json()["error"]["field"] == "data.path", p
-    r = c.post("/v1/jobs", json={**TINY_SPEC, "parallel": {"ring_size": 32}, "data": {"kind": "passkey",
-                                                                                       "seq_len": 1024}})
+    r = c.post(
+        "/v1/jobs", json={**TINY_SPEC, "parallel": {"ring_size": 32}, "data": {"kind": "passkey", "seq_len": 1024}}
+    )
     assert r.status_code == 422 and r.json()["error"]["field"] == "parallel.ring_size"
     assert "never be placed" in r.json()["error"]["message"]
 
@@ -286,11 +289,13 @@ def test_plan_and_cluster(tmp_path):
         assert "AdamW" in mem["formula"]
         small = c.post("/v1/plan", json={**TINY_SPEC, "parallel": {"ring_size": 2}}).json()
         assert small["strategy"] == "STRICT_PACK" and small["node_crossings"] == 0
-        busy = c.post("/v1/plan", json={**spec, "parallel": {"ring_size": 7}, "data": {"kind": "passkey",
-                                                                                         "seq_len": 1400}}).json()
+        busy = c.post(
+            "/v1/plan", json={**spec, "parallel": {"ring_size": 7}, "data": {"kind": "passkey", "seq_len": 1400}}
+        ).json()
         assert busy["fits"] and any("free" in w for w in busy["warnings"])
-        huge = c.post("/v1/plan", json={**spec, "parallel": {"ring_size": 16}, "data": {"kind": "passkey",
-                                                                                          "seq_len": 1024}}).json()
+        huge = c.post(
+            "/v1/plan", json={**spec, "parallel": {"ring_size": 16}, "data": {"kind": "passkey", "seq_len": 1024}}
+        ).json()
         assert not huge["valid"] and "never be placed" in huge["warnings"][0]
         assert c.post("/v1/plan", json={**spec, "data": {"kind": "passkey", "seq_len": 100}}).status_code == 422
         cl = c.get("/v1/cluster").json()

@@ -25,12 +25,37 @@ def _cases(world: int) -> list[dict]:
         # GQA (8 query heads over 2 KV heads), odd head dim, batch 2
         cases.append(dict(seed=seed, b=2, s=8 * world, h=8, hk=2, d=13, dtype=dtype, layout=layout, causal=causal))
     for layout in LAYOUTS:  # MQA, longer sequence, logits scaled ×100 (stable merge), plain MHA
-        cases.append(dict(seed=seed + 1, b=1, s=24 * world, h=4, hk=1, d=16, dtype=torch.float64,
-                          layout=layout, causal=True))
-        cases.append(dict(seed=seed + 2, b=1, s=8 * world, h=2, hk=2, d=8, dtype=torch.float64,
-                          layout=layout, causal=True, logit_scale=100.0))
-        cases.append(dict(seed=seed + 3, b=1, s=8 * world, h=2, hk=2, d=8, dtype=torch.float32,
-                          layout=layout, causal=True, logit_scale=100.0))
+        cases.append(
+            dict(seed=seed + 1, b=1, s=24 * world, h=4, hk=1, d=16, dtype=torch.float64, layout=layout, causal=True)
+        )
+        cases.append(
+            dict(
+                seed=seed + 2,
+                b=1,
+                s=8 * world,
+                h=2,
+                hk=2,
+                d=8,
+                dtype=torch.float64,
+                layout=layout,
+                causal=True,
+                logit_scale=100.0,
+            )
+        )
+        cases.append(
+            dict(
+                seed=seed + 3,
+                b=1,
+                s=8 * world,
+                h=2,
+                hk=2,
+                d=8,
+                dtype=torch.float32,
+                layout=layout,
+                causal=True,
+                logit_scale=100.0,
+            )
+        )
     return cases
 
 

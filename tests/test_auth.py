@@ -31,8 +31,19 @@ from tests.api_harness import ALICE, BOB, TINY_SPEC, Driver, RecordingLauncher, 
 OPEN = {("GET", "/healthz"), ("GET", "/readyz")}
 REPORT = ("POST", "/v1/jobs/{job_id}/report")
 # credentials: name → how to build the Authorization header from the module's tokens
-CREDS = ["none", "invalid", "alice-prefix", "alice-extended", "alice-upper", "basic-scheme", "empty-bearer",
-         "other-owner", "ingest", "other-ingest", "owner"]
+CREDS = [
+    "none",
+    "invalid",
+    "alice-prefix",
+    "alice-extended",
+    "alice-upper",
+    "basic-scheme",
+    "empty-bearer",
+    "other-owner",
+    "ingest",
+    "other-ingest",
+    "owner",
+]
 
 
 def _operations() -> list[tuple[str, str]]:
@@ -75,13 +86,20 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     srv.start()
     try:
         with srv.client() as alice:
-            jobs = {k: alice.post("/v1/jobs", json={**TINY_SPEC, "name": k}).json()["id"]
-                    for k in ("main", "other", "cancel")}
+            jobs = {
+                k: alice.post("/v1/jobs", json={**TINY_SPEC, "name": k}).json()["id"]
+                for k in ("main", "other", "cancel")
+            }
         drivers = {k: Driver(srv, j) for k, j in jobs.items()}
         drivers["main"].state("RUNNING", reason="placed")
         drivers["main"].metrics(range(3))
-        tokens = {"alice": ALICE, "bob": BOB, "ingest": drivers["main"].token, "other-ingest": drivers["other"].token,
-                  "cancel-ingest": drivers["cancel"].token}
+        tokens = {
+            "alice": ALICE,
+            "bob": BOB,
+            "ingest": drivers["main"].token,
+            "other-ingest": drivers["other"].token,
+            "cancel-ingest": drivers["cancel"].token,
+        }
         yield {"srv": srv, "jobs": jobs, "drivers": drivers, "tokens": tokens, "capture": cap}
     finally:
         srv.stop()
@@ -132,8 +150,10 @@ def call(srv: Server, env: dict[str, Any], op: tuple[str, str], cred: str) -> tu
         kw["json"] = {"items": []}
     elif method == "POST" and "{job_id}" not in path:
         kw["json"] = {**TINY_SPEC, "name": f"auth-{cred}"}
-    with httpx.Client(base_url=srv.url, headers=header(cred, env["tokens"], op), timeout=10) as c, \
-            c.stream(method, url, **kw) as r:
+    with (
+        httpx.Client(base_url=srv.url, headers=header(cred, env["tokens"], op), timeout=10) as c,
+        c.stream(method, url, **kw) as r,
+    ):
         if r.headers.get("content-type", "").startswith("text/event-stream"):
             return r.status_code, "", dict(r.headers)  # a live stream: the status is what counts here
         return r.status_code, r.read().decode(errors="replace"), dict(r.headers)
@@ -146,8 +166,12 @@ def test_every_route_and_credential(env: dict[str, Any], op: tuple[str, str], cr
     want = expected(op, cred)
     code = {401: '"code":"unauthorized"', 404: '"code":"not_found"'}.get(want, "")
     leaked = [k for k, t in env["tokens"].items() if t in body]
-    got = (200 if 200 <= status < 300 else status, code in body,
-           headers.get("www-authenticate") == "Bearer" if want == 401 else True, leaked)
+    got = (
+        200 if 200 <= status < 300 else status,
+        code in body,
+        headers.get("www-authenticate") == "Bearer" if want == 401 else True,
+        leaked,
+    )
     assert got == (want, True, True, []), body[:300]
 
 
@@ -174,8 +198,9 @@ def test_other_owner_sees_no_difference_from_missing(env: dict[str, Any]) -> Non
         a, b = bob.get(f"/v1/jobs/{job}{suffix}"), bob.get(f"/v1/jobs/{missing}{suffix}")
         pairs.append((suffix, a.status_code, a.text.replace(job, "ID"), b.status_code, b.text.replace(missing, "ID")))
     c1, c2 = bob.post(f"/v1/jobs/{job}/cancel"), bob.post(f"/v1/jobs/{missing}/cancel")
-    pairs.append(("/cancel", c1.status_code, c1.text.replace(job, "ID"), c2.status_code,
-                  c2.text.replace(missing, "ID")))
+    pairs.append(
+        ("/cancel", c1.status_code, c1.text.replace(job, "ID"), c2.status_code, c2.text.replace(missing, "ID"))
+    )
     assert all(p[1] == p[3] == 404 and p[2] == p[4] for p in pairs), pairs
 
 
@@ -206,8 +231,10 @@ def test_ingest_token_is_bound_to_its_job(env: dict[str, Any]) -> None:
     """A driver's token cannot report into another job, nor act as a user anywhere."""
     srv, jobs, tokens = env["srv"], env["jobs"], env["tokens"]
     with srv.client(tokens["other-ingest"]) as c:
-        cross = c.post(f"/v1/jobs/{jobs['main']}/report", json={"items": [
-            {"type": "state", "seq": 99, "state": "FAILED", "time": 1.0, "error": "forged"}]}).status_code
+        cross = c.post(
+            f"/v1/jobs/{jobs['main']}/report",
+            json={"items": [{"type": "state", "seq": 99, "state": "FAILED", "time": 1.0, "error": "forged"}]},
+        ).status_code
         own = c.post(f"/v1/jobs/{jobs['other']}/report", json={"items": []}).status_code
     state = srv.client().get(f"/v1/jobs/{jobs['main']}").json()["state"]
     assert (cross, own, state) == (401, 200, "RUNNING")
@@ -228,14 +255,27 @@ def test_comparisons_are_constant_time(env: dict[str, Any], monkeypatch: pytest.
     assert deps.owner_of(tokens, ALICE) == "alice"
     user_calls = len(calls)
     srv = env["srv"]
-    status = srv.client(env["tokens"]["ingest"]).post(f"/v1/jobs/{env['jobs']['main']}/report",
-                                                       json={"items": []}).status_code
-    srcs = {f: inspect.getsource(f) for f in (deps.current_owner, deps.owner_of, reports._check_ingest,
-                                              store_mod.Store.check_ingest_token)}
-    lookups = [(f.__qualname__, pat) for f, src in srcs.items()
-               for pat in (r"tokens\.get\(", r"tokens\[", r"\bin (ctx\.)?tokens\b(?!\.items)", r"[=!]= *token\b",
-                           r"\btoken *[=!]=")
-               if re.search(pat, src)]
+    status = (
+        srv.client(env["tokens"]["ingest"])
+        .post(f"/v1/jobs/{env['jobs']['main']}/report", json={"items": []})
+        .status_code
+    )
+    srcs = {
+        f: inspect.getsource(f)
+        for f in (deps.current_owner, deps.owner_of, reports._check_ingest, store_mod.Store.check_ingest_token)
+    }
+    lookups = [
+        (f.__qualname__, pat)
+        for f, src in srcs.items()
+        for pat in (
+            r"tokens\.get\(",
+            r"tokens\[",
+            r"\bin (ctx\.)?tokens\b(?!\.items)",
+            r"[=!]= *token\b",
+            r"\btoken *[=!]=",
+        )
+        if re.search(pat, src)
+    ]
     assert (user_calls, status, len(calls) > user_calls, lookups) == (3, 200, True, [])
 
 

@@ -28,10 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 J = "application/json"
 Y = "application/yaml"
 BASE_YAML = "name: bad\nmodel: {d_model: 32, n_layers: 1, n_heads: 2}\ndata: {kind: passkey, seq_len: 128}\n"
-BILLION_LAUGHS = "".join(
-    [f"l0: &l0 [{', '.join(['lol'] * 9)}]\n"]
-    + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)]
-) + "name: boom\n"
+BILLION_LAUGHS = (
+    "".join(
+        [f"l0: &l0 [{', '.join(['lol'] * 9)}]\n"]
+        + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)]
+    )
+    + "name: boom\n"
+)
 MERGE_BOMB = "base: &b {d_model: 32, n_layers: 1, n_heads: 2}\nname: merge\nmodel: {<<: *b}\n"
 
 
@@ -81,42 +84,148 @@ SPEC_CASES = [
     Case("steps-2^70", raw(train=f'{{"steps": {2**70}}}'), J, 422, "validation_error", "train.steps", "less than"),
     Case("seed-2^70", raw(train=f'{{"seed": {2**70}}}'), J, 422, "validation_error", "train.seed", "train.seed"),
     Case("lr-1e308", raw(train='{"lr": 1e308}'), J, 422, "validation_error", "train.lr", "train.lr"),
-    Case("seq_len-2^70", raw(data=f'{{"kind": "passkey", "seq_len": {2**70}}}'), J, 422, "validation_error",
-         "data.seq_len", "data.seq_len"),
-    Case("ffn_mult-1e308", raw(model='{"d_model": 32, "n_heads": 2, "ffn_mult": 1e308}'), J, 422,
-         "validation_error", "model.ffn_mult", "model.ffn_mult"),
-    Case("context_lengths-2^70", raw(eval=f'{{"context_lengths": [{2**70}]}}'), J, 422, "validation_error",
-         "eval.context_lengths.0", "eval.context_lengths.0"),
-    Case("cpus-1e-320", raw(resources='{"cpus_per_worker": 1e-320}'), J, 422, "validation_error",
-         "resources.cpus_per_worker", "0.0001"),  # was a 500: the planner divided by it (OverflowError)
-    Case("json-int-5000-digits", raw(train='{"steps": ' + "9" * 5000 + "}"), J, 400, "malformed_json", None,
-         "4300 digits"),
-    Case("yaml-int-5000-digits", yml("train: {steps: " + "9" * 5000 + "}\n"), Y, 422, "validation_error", None,
-         "4300 digits"),
-    Case("yaml-steps-1e308", yml("train: {steps: 1.0e+308}\n"), Y, 422, "validation_error", "train.steps",
-         "train.steps"),
+    Case(
+        "seq_len-2^70",
+        raw(data=f'{{"kind": "passkey", "seq_len": {2**70}}}'),
+        J,
+        422,
+        "validation_error",
+        "data.seq_len",
+        "data.seq_len",
+    ),
+    Case(
+        "ffn_mult-1e308",
+        raw(model='{"d_model": 32, "n_heads": 2, "ffn_mult": 1e308}'),
+        J,
+        422,
+        "validation_error",
+        "model.ffn_mult",
+        "model.ffn_mult",
+    ),
+    Case(
+        "context_lengths-2^70",
+        raw(eval=f'{{"context_lengths": [{2**70}]}}'),
+        J,
+        422,
+        "validation_error",
+        "eval.context_lengths.0",
+        "eval.context_lengths.0",
+    ),
+    Case(
+        "cpus-1e-320",
+        raw(resources='{"cpus_per_worker": 1e-320}'),
+        J,
+        422,
+        "validation_error",
+        "resources.cpus_per_worker",
+        "0.0001",
+    ),  # was a 500: the planner divided by it (OverflowError)
+    Case(
+        "json-int-5000-digits",
+        raw(train='{"steps": ' + "9" * 5000 + "}"),
+        J,
+        400,
+        "malformed_json",
+        None,
+        "4300 digits",
+    ),
+    Case(
+        "yaml-int-5000-digits",
+        yml("train: {steps: " + "9" * 5000 + "}\n"),
+        Y,
+        422,
+        "validation_error",
+        None,
+        "4300 digits",
+    ),
+    Case(
+        "yaml-steps-1e308", yml("train: {steps: 1.0e+308}\n"), Y, 422, "validation_error", "train.steps", "train.steps"
+    ),
     # ---- negative and zero sizes -------------------------------------------------------------------
-    Case("seq_len-0", spec(data={"kind": "passkey", "seq_len": 0}), J, 422, "validation_error", "data.seq_len",
-         "greater than"),
-    Case("seq_len-neg", spec(data={"kind": "passkey", "seq_len": -128}), J, 422, "validation_error",
-         "data.seq_len", "data.seq_len"),
-    Case("d_model-0", spec(model={"d_model": 0, "n_heads": 2}), J, 422, "validation_error", "model.d_model",
-         "model.d_model"),
-    Case("n_layers-neg", spec(model={"d_model": 32, "n_heads": 2, "n_layers": -1}), J, 422, "validation_error",
-         "model.n_layers", "model.n_layers"),
-    Case("n_heads-0", spec(model={"d_model": 32, "n_heads": 0}), J, 422, "validation_error", "model.n_heads",
-         "model.n_heads"),
-    Case("batch_size-0", spec(train={"batch_size": 0}), J, 422, "validation_error", "train.batch_size",
-         "train.batch_size"),
+    Case(
+        "seq_len-0",
+        spec(data={"kind": "passkey", "seq_len": 0}),
+        J,
+        422,
+        "validation_error",
+        "data.seq_len",
+        "greater than",
+    ),
+    Case(
+        "seq_len-neg",
+        spec(data={"kind": "passkey", "seq_len": -128}),
+        J,
+        422,
+        "validation_error",
+        "data.seq_len",
+        "data.seq_len",
+    ),
+    Case(
+        "d_model-0",
+        spec(model={"d_model": 0, "n_heads": 2}),
+        J,
+        422,
+        "validation_error",
+        "model.d_model",
+        "model.d_model",
+    ),
+    Case(
+        "n_layers-neg",
+        spec(model={"d_model": 32, "n_heads": 2, "n_layers": -1}),
+        J,
+        422,
+        "validation_error",
+        "model.n_layers",
+        "model.n_layers",
+    ),
+    Case(
+        "n_heads-0",
+        spec(model={"d_model": 32, "n_heads": 0}),
+        J,
+        422,
+        "validation_error",
+        "model.n_heads",
+        "model.n_heads",
+    ),
+    Case(
+        "batch_size-0",
+        spec(train={"batch_size": 0}),
+        J,
+        422,
+        "validation_error",
+        "train.batch_size",
+        "train.batch_size",
+    ),
     Case("steps-neg", spec(train={"steps": -5}), J, 422, "validation_error", "train.steps", "train.steps"),
-    Case("ring_size-0", spec(parallel={"ring_size": 0}), J, 422, "validation_error", "parallel.ring_size",
-         "parallel.ring_size"),
-    Case("data_parallel-neg", spec(parallel={"ring_size": 2, "data_parallel": -2}), J, 422, "validation_error",
-         "parallel.data_parallel", "parallel.data_parallel"),
+    Case(
+        "ring_size-0",
+        spec(parallel={"ring_size": 0}),
+        J,
+        422,
+        "validation_error",
+        "parallel.ring_size",
+        "parallel.ring_size",
+    ),
+    Case(
+        "data_parallel-neg",
+        spec(parallel={"ring_size": 2, "data_parallel": -2}),
+        J,
+        422,
+        "validation_error",
+        "parallel.data_parallel",
+        "parallel.data_parallel",
+    ),
     Case("keep-0", spec(checkpoint={"keep": 0}), J, 422, "validation_error", "checkpoint.keep", "checkpoint.keep"),
     Case("max_restarts-neg", spec(max_restarts=-1), J, 422, "validation_error", "max_restarts", "max_restarts"),
-    Case("cpus-0", spec(resources={"cpus_per_worker": 0}), J, 422, "validation_error", "resources.cpus_per_worker",
-         "resources.cpus_per_worker"),
+    Case(
+        "cpus-0",
+        spec(resources={"cpus_per_worker": 0}),
+        J,
+        422,
+        "validation_error",
+        "resources.cpus_per_worker",
+        "resources.cpus_per_worker",
+    ),
     Case("eval-samples-0", spec(eval={"samples": 0}), J, 422, "validation_error", "eval.samples", "eval.samples"),
     # ---- NaN / inf: JSON literals and YAML .nan/.inf -------------------------------------------------
     Case("lr-NaN", raw(train='{"lr": NaN}'), J, 422, "validation_error", "train.lr", "finite"),
@@ -124,10 +233,24 @@ SPEC_CASES = [
     Case("lr--Infinity", raw(train='{"lr": -Infinity}'), J, 422, "validation_error", "train.lr", "finite"),
     Case("steps-NaN", raw(train='{"steps": NaN}'), J, 422, "validation_error", "train.steps", "finite"),
     Case("depths-NaN", raw(eval='{"depths": [0.5, NaN]}'), J, 422, "validation_error", "eval.depths.1", "finite"),
-    Case("depth-Infinity", raw(data='{"kind": "passkey", "seq_len": 128, "depth": Infinity}'), J, 422,
-         "validation_error", "data.depth", "finite"),
-    Case("ffn_mult--Infinity", raw(model='{"d_model": 32, "n_heads": 2, "ffn_mult": -Infinity}'), J, 422,
-         "validation_error", "model.ffn_mult", "finite"),
+    Case(
+        "depth-Infinity",
+        raw(data='{"kind": "passkey", "seq_len": 128, "depth": Infinity}'),
+        J,
+        422,
+        "validation_error",
+        "data.depth",
+        "finite",
+    ),
+    Case(
+        "ffn_mult--Infinity",
+        raw(model='{"d_model": 32, "n_heads": 2, "ffn_mult": -Infinity}'),
+        J,
+        422,
+        "validation_error",
+        "model.ffn_mult",
+        "finite",
+    ),
     Case("grad_clip-NaN", raw(train='{"grad_clip": NaN}'), J, 422, "validation_error", "train.grad_clip", "finite"),
     Case("yaml-lr-.nan", yml("train: {lr: .nan}\n"), Y, 422, "validation_error", "train.lr", "finite"),
     Case("yaml-lr-.inf", yml("train: {lr: .inf}\n"), Y, 422, "validation_error", "train.lr", "finite"),
@@ -140,15 +263,23 @@ SPEC_CASES = [
     Case("data-list", spec(data=[]), J, 422, "validation_error", "data", "data"),
     Case("data-no-kind", spec(data={}), J, 422, "validation_error", "data", "kind"),
     Case("data-kind-int", spec(data={"kind": 5}), J, 422, "validation_error", "data", "kind"),
-    Case("layout-unknown", spec(parallel={"layout": "spiral"}), J, 422, "validation_error", "parallel.layout",
-         "zigzag"),
+    Case(
+        "layout-unknown", spec(parallel={"layout": "spiral"}), J, 422, "validation_error", "parallel.layout", "zigzag"
+    ),
     Case("steps-fraction", spec(train={"steps": 5.5}), J, 422, "validation_error", "train.steps", "fractional"),
     Case("steps-word", spec(train={"steps": "ten"}), J, 422, "validation_error", "train.steps", "integer"),
     Case("steps-bool", spec(train={"steps": True}), J, 422, "validation_error", "train.steps", "integer"),
     Case("steps-numeric-text", spec(train={"steps": "10"}), J, 422, "validation_error", "train.steps", "integer"),
     Case("yaml-duplicate-key", yml("name: again\n"), Y, 400, "malformed_yaml", None, "duplicate key 'name'"),
-    Case("accelerator-tpu", spec(resources={"accelerator": "tpu"}), J, 422, "validation_error",
-         "resources.accelerator", "gpu"),
+    Case(
+        "accelerator-tpu",
+        spec(resources={"accelerator": "tpu"}),
+        J,
+        422,
+        "validation_error",
+        "resources.accelerator",
+        "gpu",
+    ),
     Case("depths-str", spec(eval={"depths": "0.5"}), J, 422, "validation_error", "eval.depths", "list"),
     Case("top-string", b'"a job"', J, 422, "validation_error", None, "JSON object"),
     Case("top-null", b"null", J, 422, "validation_error", None, "JSON object"),
@@ -157,22 +288,50 @@ SPEC_CASES = [
     Case("yaml-name-timestamp", b"name: 2020-01-01\n", Y, 422, "validation_error", "name", "valid string"),
     Case("yaml-name-set", b"name: !!set {a, b}\n", Y, 422, "validation_error", "name", "valid string"),
     Case("yaml-int-key", yml("1: 2\n"), Y, 422, "validation_error", "1", "Keys should be strings"),
-    Case("yaml-python-tag", b"name: !!python/object/apply:os.system ['true']\n", Y, 400, "malformed_yaml", None,
-         "constructor"),
+    Case(
+        "yaml-python-tag",
+        b"name: !!python/object/apply:os.system ['true']\n",
+        Y,
+        400,
+        "malformed_yaml",
+        None,
+        "constructor",
+    ),
     Case("not-utf8", "name: x".encode("utf-16"), Y, 400, "malformed_body", None, "UTF-8"),
-    Case("form-encoded", b"name=x", "application/x-www-form-urlencoded", 415, "unsupported_media_type", None,
-         "application/json"),
+    Case(
+        "form-encoded",
+        b"name=x",
+        "application/x-www-form-urlencoded",
+        415,
+        "unsupported_media_type",
+        None,
+        "application/json",
+    ),
     # ---- deep nesting: the parser must not crash or recurse forever ------------------------------------
     Case("json-10k-arrays", b"[" * DEEP + b"]" * DEEP, J, 400, "malformed_json", None, "recursion"),
-    Case("json-10k-objects", ('{"a":' * DEEP + "1" + "}" * DEEP).encode(), J, 400, "malformed_json", None,
-         "recursion"),
+    Case("json-10k-objects", ('{"a":' * DEEP + "1" + "}" * DEEP).encode(), J, 400, "malformed_json", None, "recursion"),
     Case("json-10k-in-field", raw(junk="[" * DEEP + "]" * DEEP), J, 400, "malformed_json", None, "recursion"),
-    Case("json-900-in-model", raw(model='{"x": ' + "[" * 900 + "]" * 900 + "}"), J, 422, "validation_error",
-         "model.x", "Extra inputs"),
-    Case("yaml-10k-flow-seq", yml("junk: " + "[" * DEEP + "]" * DEEP + "\n"), Y, 400, "malformed_yaml", None,
-         "recursion"),
-    Case("yaml-10k-flow-map", yml("junk: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n"), Y, 400, "malformed_yaml",
-         None, "recursion"),
+    Case(
+        "json-900-in-model",
+        raw(model='{"x": ' + "[" * 900 + "]" * 900 + "}"),
+        J,
+        422,
+        "validation_error",
+        "model.x",
+        "Extra inputs",
+    ),
+    Case(
+        "yaml-10k-flow-seq", yml("junk: " + "[" * DEEP + "]" * DEEP + "\n"), Y, 400, "malformed_yaml", None, "recursion"
+    ),
+    Case(
+        "yaml-10k-flow-map",
+        yml("junk: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n"),
+        Y,
+        400,
+        "malformed_yaml",
+        None,
+        "recursion",
+    ),
     # ---- 10 MB bodies --------------------------------------------------------------------------------
     Case("json-10MB", spec(pad="x" * (10 << 20)), J, 413, "payload_too_large", None, "byte limit"),
     Case("yaml-10MB", yml("pad: " + "x" * (10 << 20) + "\n"), Y, 413, "payload_too_large", None, "byte limit"),
@@ -250,6 +409,7 @@ def outcome(srv: Server, r: Any) -> tuple:
 def post(srv: Server, route: str, case: Case) -> Any:
     with srv.client(timeout=30) as c:
         if case.body is None:
+
             def chunks() -> Iterator[bytes]:
                 for _ in range(160):
                     yield b" " * 65536
@@ -263,19 +423,37 @@ def post(srv: Server, route: str, case: Case) -> Any:
 def test_bad_spec(srv: Server, route: str, case: Case) -> None:
     status, code, field, message, submits, listed, stored, health = outcome(srv, post(srv, route, case))
     assert (status, code, field, case.needle in message, submits, listed, stored, health) == (
-        case.status, case.code, case.field, True, 0, 0, 0, 200), message
+        case.status,
+        case.code,
+        case.field,
+        True,
+        0,
+        0,
+        0,
+        200,
+    ), message
 
 
 @pytest.mark.parametrize("route", ["/v1/jobs", "/v1/plan"])
 @pytest.mark.parametrize(("name", "path", "field", "needle"), PATH_CASES, ids=[c[0] for c in PATH_CASES])
-def test_data_path_outside_roots(srv: Server, data_root: Path, route: str, name: str, path: str, field: str,
-                                 needle: str) -> None:
+def test_data_path_outside_roots(
+    srv: Server, data_root: Path, route: str, name: str, path: str, field: str, needle: str
+) -> None:
     p = path.replace("{root}", str(data_root))
     body = text_data(p, text_field="te\x00xt") if field == "data.text_field" else text_data(p)
     status, code, got_field, message, submits, listed, stored, health = outcome(
-        srv, post(srv, route, Case(name, body, J, 0, "", None, "")))
+        srv, post(srv, route, Case(name, body, J, 0, "", None, ""))
+    )
     assert (status, code, got_field, needle in message, submits, listed, stored, health) == (
-        422, "validation_error", field, True, 0, 0, 0, 200), message
+        422,
+        "validation_error",
+        field,
+        True,
+        0,
+        0,
+        0,
+        200,
+    ), message
 
 
 def test_printable_unicode_names_are_accepted(tmp_path: Path) -> None:
@@ -290,23 +468,47 @@ def test_printable_unicode_names_are_accepted(tmp_path: Path) -> None:
 # ---- the driver's report route ------------------------------------------------------------------------
 REPORT_CASES = [
     # (id, items as raw JSON text with {seq} for the next sequence number, status, field)
-    ("step-2^70", f'{{"type": "metric", "seq": {{seq}}, "step": {2**70}, "name": "loss", "value": 1, "time": 1}}',
-     422, "items.0.metric.step"),  # was a 500 (OverflowError in the SQLite driver)
-    ("rank-2^70", f'{{"type": "metric", "seq": {{seq}}, "step": 1, "rank": {2**70}, "name": "l", "value": 1, '
-     '"time": 1}', 422, "items.0.metric.rank"),  # was a 500
-    ("resume_step-2^70", f'{{"type": "state", "seq": {{seq}}, "state": "RETRYING", "time": 1, '
-     f'"resume_step": {2**70}}}', 422, "items.0.state.resume_step"),  # was a 500
+    (
+        "step-2^70",
+        f'{{"type": "metric", "seq": {{seq}}, "step": {2**70}, "name": "loss", "value": 1, "time": 1}}',
+        422,
+        "items.0.metric.step",
+    ),  # was a 500 (OverflowError in the SQLite driver)
+    (
+        "rank-2^70",
+        f'{{"type": "metric", "seq": {{seq}}, "step": 1, "rank": {2**70}, "name": "l", "value": 1, "time": 1}}',
+        422,
+        "items.0.metric.rank",
+    ),  # was a 500
+    (
+        "resume_step-2^70",
+        f'{{"type": "state", "seq": {{seq}}, "state": "RETRYING", "time": 1, "resume_step": {2**70}}}',
+        422,
+        "items.0.state.resume_step",
+    ),  # was a 500
     ("seq-2^70", f'{{"type": "log", "seq": {2**70}, "time": 1, "line": "x"}}', 422, "items.0.log.seq"),
-    ("time-NaN", '{"type": "metric", "seq": {seq}, "step": 1, "name": "loss", "value": 1, "time": NaN}', 422,
-     "items.0.metric.time"),  # was a 503 "store unavailable" (NOT NULL), so the driver retried forever
+    (
+        "time-NaN",
+        '{"type": "metric", "seq": {seq}, "step": 1, "name": "loss", "value": 1, "time": NaN}',
+        422,
+        "items.0.metric.time",
+    ),  # was a 503 "store unavailable" (NOT NULL), so the driver retried forever
     ("time-Infinity", '{"type": "log", "seq": {seq}, "time": Infinity, "line": "x"}', 422, "items.0.log.time"),
     # ^ was stored, then every SSE stream of the job died on it (events are strict JSON)
-    ("time-1e999", '{"type": "state", "seq": {seq}, "state": "RUNNING", "time": 1e999}', 422,
-     "items.0.state.time"),
-    ("placement-rank-2^70", f'{{"type": "state", "seq": {{seq}}, "state": "RUNNING", "time": 1, "placement": '
-     f'[{{"rank": {2**70}, "node_id": "n", "device": "cpu"}}]}}', 422, "items.0.state.placement.0.rank"),
-    ("step-negative", '{"type": "metric", "seq": {seq}, "step": -1, "name": "loss", "value": 1, "time": 1}', 422,
-     "items.0.metric.step"),
+    ("time-1e999", '{"type": "state", "seq": {seq}, "state": "RUNNING", "time": 1e999}', 422, "items.0.state.time"),
+    (
+        "placement-rank-2^70",
+        f'{{"type": "state", "seq": {{seq}}, "state": "RUNNING", "time": 1, "placement": '
+        f'[{{"rank": {2**70}, "node_id": "n", "device": "cpu"}}]}}',
+        422,
+        "items.0.state.placement.0.rank",
+    ),
+    (
+        "step-negative",
+        '{"type": "metric", "seq": {seq}, "step": -1, "name": "loss", "value": 1, "time": 1}',
+        422,
+        "items.0.metric.step",
+    ),
     ("type-unknown", '{"type": "bogus", "seq": {seq}}', 422, "items.0"),
     ("deep-10k", "[" * DEEP + "]" * DEEP, 400, None),
 ]
@@ -344,24 +546,46 @@ def test_cli_submit_yaml_bomb_exits_fast(tmp_path: Path) -> None:
     with running(tmp_path) as srv:
         env = {**os.environ, "RINGTRAIN_URL": srv.url, "RINGTRAIN_TOKEN": ALICE, "PYTHONPATH": str(ROOT)}
         t = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "api.cli", "submit", str(bomb)], capture_output=True, text=True,
-                           env=env, cwd=ROOT, timeout=60)
+        p = subprocess.run(
+            [sys.executable, "-m", "api.cli", "submit", str(bomb)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+        )
         took = time.monotonic() - t
         total = srv.client().get("/v1/jobs").json()["total"]
-    assert (p.returncode, "aliases/anchors are not allowed" in p.stderr, took < 20, total, len(srv.launcher.submits)
-            ) == (1, True, True, 0, 0), (p.stderr, took)
+    assert (
+        p.returncode,
+        "aliases/anchors are not allowed" in p.stderr,
+        took < 20,
+        total,
+        len(srv.launcher.submits),
+    ) == (1, True, True, 0, 0), (p.stderr, took)
 
 
-@pytest.mark.parametrize(("name", "text", "needle"), [
-    ("merge-bomb", MERGE_BOMB, "aliases/anchors are not allowed"),
-    ("deep-yaml", "name: x\njunk: " + "[" * DEEP + "]" * DEEP + "\n", "recursion"),
-    ("nan-lr", BASE_YAML + "train: {lr: .nan}\n", "train.lr"),
-    ("huge-file", BASE_YAML + "pad: " + "x" * (10 << 20) + "\n", "byte limit"),
-    ("control-char-name", "name: \"a\\x1bb\"\n", "name"),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        ("merge-bomb", MERGE_BOMB, "aliases/anchors are not allowed"),
+        ("deep-yaml", "name: x\njunk: " + "[" * DEEP + "]" * DEEP + "\n", "recursion"),
+        ("nan-lr", BASE_YAML + "train: {lr: .nan}\n", "train.lr"),
+        ("huge-file", BASE_YAML + "pad: " + "x" * (10 << 20) + "\n", "byte limit"),
+        ("control-char-name", 'name: "a\\x1bb"\n', "name"),
+    ],
+)
 @pytest.mark.parametrize("command", ["submit", "plan"])
-def test_cli_bad_specs(srv: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                      monkeypatch: pytest.MonkeyPatch, command: str, name: str, text: str, needle: str) -> None:
+def test_cli_bad_specs(
+    srv: Server,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    name: str,
+    text: str,
+    needle: str,
+) -> None:
     f = tmp_path / f"{name}.yaml"
     f.write_text(text)
     monkeypatch.setenv("RINGTRAIN_URL", srv.url)
@@ -370,4 +594,11 @@ def test_cli_bad_specs(srv: Server, tmp_path: Path, capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     _, _, _, _, submits, listed, stored, health = outcome(srv, srv.client().get("/healthz"))
     assert (code, err.startswith("error: "), needle in err, submits, listed, stored, health) == (
-        1, True, True, 0, 0, 0, 200), err
+        1,
+        True,
+        True,
+        0,
+        0,
+        0,
+        200,
+    ), err

@@ -9,9 +9,9 @@ import torch
 
 from tests.dist import run_distributed
 from tests.trainutil import final_weights, one_thread, series, tiny_spec, train
-from workers.checkpoint import latest_step, list_steps, load_checkpoint, save_checkpoint, step_dir
-from workers.model import build_model
-from workers.trainer import run_training
+from workers.models import build_model
+from workers.training.checkpoint import latest_step, list_steps, load_checkpoint, save_checkpoint, step_dir
+from workers.training.trainer import run_training
 
 assert one_thread  # autouse fixture, imported to apply to this module
 

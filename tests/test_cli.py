@@ -63,15 +63,25 @@ def test_submit_follow(srv, capsys, tmp_path):
         wait_for(lambda: srv.app.state.ctx.hub.subscribers(job_id) >= 1)
         d.state("RUNNING", reason="placed")
         for s in range(30):
-            d.post([d.item("metric", step=s, name="loss", value=5.0 - s * 0.1),
-                    d.item("metric", step=s, name="tokens_per_s", value=1234.0)])
-        d.state(final, reason="done" if final == "SUCCEEDED" else "rank 0 raised", error=None
-                if final == "SUCCEEDED" else "RuntimeError: out of patience")
+            d.post(
+                [
+                    d.item("metric", step=s, name="loss", value=5.0 - s * 0.1),
+                    d.item("metric", step=s, name="tokens_per_s", value=1234.0),
+                ]
+            )
+        d.state(
+            final,
+            reason="done" if final == "SUCCEEDED" else "rank 0 raised",
+            error=None if final == "SUCCEEDED" else "RuntimeError: out of patience",
+        )
 
     for final, want in (("SUCCEEDED", 0), ("FAILED", 1)):
         before = {r.job_id for r in srv.launcher.submits}
-        t = threading.Thread(target=lambda f=final, b=before: drive(
-            wait_for(lambda: next((r.job_id for r in srv.launcher.submits if r.job_id not in b), None)), f))
+        t = threading.Thread(
+            target=lambda f=final, b=before: drive(
+                wait_for(lambda: next((r.job_id for r in srv.launcher.submits if r.job_id not in b), None)), f
+            )
+        )
         t.start()
         code, out, _ = run(capsys, "submit", PASSKEY, "--follow")
         t.join(timeout=20)
@@ -108,8 +118,9 @@ def test_errors_tell_what_to_do(srv, capsys, tmp_path, monkeypatch):
 
 def test_console_script_help():
     t = time.time()
-    r = subprocess.run([sys.executable, "-m", "api.cli", "--help"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "api.cli", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert r.returncode == 0
     for cmd in ("serve", "demo", "submit", "list", "status", "cancel", "logs", "plan"):
         assert cmd in r.stdout

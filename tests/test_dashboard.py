@@ -99,10 +99,14 @@ def bulk_metrics(server: Any, job_id: str, name: str, points: list[tuple[int, fl
     store = server.app.state.ctx.store
     with store.engine.begin() as c:
         seq0 = c.execute(select(Job.next_event_seq).where(Job.id == job_id)).scalar_one()
-        c.execute(insert(MetricPointRow), [dict(job_id=job_id, seq=seq0 + i, step=s, name=name, value=v, rank=None,
-                                                time=time.time()) for i, (s, v) in enumerate(points)])
-        c.execute(update(Job).where(Job.id == job_id).values(next_event_seq=seq0 + len(points),
-                                                             step=points[-1][0]))
+        c.execute(
+            insert(MetricPointRow),
+            [
+                dict(job_id=job_id, seq=seq0 + i, step=s, name=name, value=v, rank=None, time=time.time())
+                for i, (s, v) in enumerate(points)
+            ],
+        )
+        c.execute(update(Job).where(Job.id == job_id).values(next_event_seq=seq0 + len(points), step=points[-1][0]))
 
 
 def goto(page: Any, server: Any, hash_: str = "#/jobs") -> None:
@@ -125,7 +129,9 @@ def test_jobs_list_live_and_filter(page: Any, server: Any) -> None:
     page.wait_for_function(
         "id => document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.235'"
         " || document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.234'",
-        arg=running["id"], timeout=8000)
+        arg=running["id"],
+        timeout=8000,
+    )
     assert row.locator("td.loss").inner_text() != first_loss
     assert "10 / 400" in row.locator(".progress").inner_text()
     shot(page, "dashboard-jobs")
@@ -134,8 +140,10 @@ def test_jobs_list_live_and_filter(page: Any, server: Any) -> None:
     page.wait_for_function("() => location.hash === '#/jobs?state=RUNNING'")
     page.locator(f"tr[data-job-id='{running['id']}']").wait_for()
     wait_for(lambda: page.locator(f"tr[data-job-id='{queued['id']}']").count() == 0, timeout=5)
-    assert all(s == "RUNNING" for s in page.locator("#jobs-table tbody tr").evaluate_all(
-        "rows => rows.map(r => r.dataset.state)"))
+    assert all(
+        s == "RUNNING"
+        for s in page.locator("#jobs-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.state)")
+    )
 
 
 @pytest.mark.parametrize("page", [{"token": False}], indirect=True, ids=["no-token"])
@@ -163,9 +171,11 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     d = start_running(server, job["id"], ranks=4)
     for s in range(20):
         d.post(step_items(d, s))
-    cells = [d.item("metric", step=19, name=f"passkey_acc/len={L}/depth={dp:.2f}", value=v)
-             for L, row in ((128, (1.0, 1.0, 0.75)), (256, (1.0, 0.5, 0.25)))
-             for dp, v in zip((0.0, 0.5, 1.0), row, strict=True)]
+    cells = [
+        d.item("metric", step=19, name=f"passkey_acc/len={L}/depth={dp:.2f}", value=v)
+        for L, row in ((128, (1.0, 1.0, 0.75)), (256, (1.0, 0.5, 0.25)))
+        for dp, v in zip((0.0, 0.5, 1.0), row, strict=True)
+    ]
     d.post([*cells, d.item("log", source="rank-0", line="eval passkey: 0.75")])
     goto(page, server, f"#/jobs/{job['id']}")
     loss = page.locator("#chart-loss")
@@ -185,8 +195,9 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     # live points are appended while the job runs (no re-fetch)
     before = int(loss.get_attribute("data-points"))
     with Feeder(d, start=20, every_s=0.1):
-        page.wait_for_function(f"() => Number(document.querySelector('#chart-loss').dataset.points) >= {before + 10}",
-                               timeout=10000)
+        page.wait_for_function(
+            f"() => Number(document.querySelector('#chart-loss').dataset.points) >= {before + 10}", timeout=10000
+        )
     after = int(loss.get_attribute("data-points"))
     assert after >= before + 10
     mem_series = page.evaluate("() => document.querySelectorAll('#chart-mem_peak_bytes .u-legend .u-series').length")
@@ -226,8 +237,9 @@ def test_job_page_dark_failed(browser: Any, server: Any) -> None:
     for s in range(5):
         d.post(step_items(d, s))
     d.post([d.item("log", source="rank-1", line="RuntimeError: NCCL timeout")])
-    d.state("FAILED", reason="rank 1 raised",
-            error="Traceback (most recent call last):\n  ...\nRuntimeError: NCCL timeout")
+    d.state(
+        "FAILED", reason="rank 1 raised", error="Traceback (most recent call last):\n  ...\nRuntimeError: NCCL timeout"
+    )
     ctx = browser.new_context(viewport={"width": 1300, "height": 900}, color_scheme="dark")
     ctx.add_init_script(f"localStorage.setItem('ringtrain.token', {json.dumps(ALICE)})")
     pg = ctx.new_page()
@@ -274,8 +286,12 @@ def test_submit_plan_and_field_error(page: Any, server: Any) -> None:
     assert editor.get_attribute("aria-invalid") == "true"
     shot(page, "dashboard-field-error")
     # an unknown field
-    editor.fill(editor.input_value().replace("seq_len: 16383", "seq_len: 256").replace("ring_size: 4", "ring_size: 2")
-                .replace("max_restarts: 2", "max_restarts: 2\nfoo: 1"))
+    editor.fill(
+        editor.input_value()
+        .replace("seq_len: 16383", "seq_len: 256")
+        .replace("ring_size: 4", "ring_size: 2")
+        .replace("max_restarts: 2", "max_restarts: 2\nfoo: 1")
+    )
     page.click("#submit-button")
     page.locator(".field-error[data-field='foo']").wait_for()
     # fixed: submit creates the job and opens its page
@@ -293,8 +309,9 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
     # 100k points straight into the store (the report API takes ~30 s for that on this box, which is not what
     # this test measures); the seqs follow the job's own counter exactly as apply_report assigns them
     t0 = time.perf_counter()
-    bulk_metrics(server, job["id"], "loss", [(s, 6.0 * (0.99997 ** s) + 0.3 * ((s * 7919) % 101) / 101)
-                                             for s in range(n)])
+    bulk_metrics(
+        server, job["id"], "loss", [(s, 6.0 * (0.99997**s) + 0.3 * ((s * 7919) % 101) / 101) for s in range(n)]
+    )
     ingest_s = time.perf_counter() - t0
     d.post(step_items(d, n))  # and a live report on top, through the real protocol
     with server.client() as c:
@@ -310,7 +327,8 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
     server_render = page.evaluate("window.__ringtrain.renders.find(r => r.chart === 'loss')")
     assert snap["points"] >= n and snap["returned"] <= 4000 + 40
     # the chart itself with all 100k points (no server downsampling), then 1000 live appends
-    raw = page.evaluate("""async (n) => {
+    raw = page.evaluate(
+        """async (n) => {
         const { LiveChart } = await import('/static/js/charts.js');
         const host = document.createElement('div'); host.style.width = '900px'; document.body.append(host);
         const step = Array.from({length: n}, (_, i) => i);
@@ -334,9 +352,13 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
         const hoverMs = performance.now() - hover;
         return {points: c.points, firstDrawMs: r.ms, buildMs: built, paintedMs: painted,
                 appendRedrawMsMedian: draws.sort((a, b) => a - b)[10], hoverMs};
-    }""", n)
+    }""",
+        n,
+    )
     result = {
-        "points_per_series": n, "bulk_insert_s": round(ingest_s, 2), "series_http_s": round(series_http_s, 3),
+        "points_per_series": n,
+        "bulk_insert_s": round(ingest_s, 2),
+        "series_http_s": round(series_http_s, 3),
         "page_load_to_loss_chart_s": round(load_s, 3),
         "series_snapshot": {k: round(v, 1) if isinstance(v, float) else v for k, v in snap.items() if k != "job"},
         "downsampled_first_draw_ms": round(server_render["ms"], 1),
@@ -365,8 +387,17 @@ def test_real_ray_job_live_and_cancel(browser: Any, tmp_path: Path, request: pyt
 
     head = request.getfixturevalue("ray_head")
     launcher = RayJobLauncher(head.jobs_url, auth_token=head.auth_token, python=sys.executable)
-    srv = Server(make_settings(tmp_path, reconcile_interval_s=1.0, reconcile_grace_s=10.0, scheduler_interval_s=0.2,
-                               cancel_grace_s=60.0, placement_timeout_s=120.0), launcher)
+    srv = Server(
+        make_settings(
+            tmp_path,
+            reconcile_interval_s=1.0,
+            reconcile_grace_s=10.0,
+            scheduler_interval_s=0.2,
+            cancel_grace_s=60.0,
+            placement_timeout_s=120.0,
+        ),
+        launcher,
+    )
     srv.start()
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     ctx.add_init_script(f"localStorage.setItem({json.dumps(TOKEN_KEY)}, {json.dumps(ALICE)})")
@@ -375,16 +406,26 @@ def test_real_ray_job_live_and_cancel(browser: Any, tmp_path: Path, request: pyt
     pg.on("console", lambda m: errs.messages.append(m.text) if m.type == "error" else None)
     pg.on("pageerror", lambda e: errs.messages.append(str(e)))
     try:
-        job = create_job(srv, {
-            "name": "ray-live", "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
-            "data": {"kind": "passkey", "seq_len": 128}, "parallel": {"ring_size": 2},
-            "train": {"steps": 5000, "lr": 1e-3}, "checkpoint": {"every_steps": 0}, "eval": {"enabled": False},
-            "resources": {"accelerator": "cpu", "cpus_per_worker": 1}, "max_restarts": 0})
+        job = create_job(
+            srv,
+            {
+                "name": "ray-live",
+                "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
+                "data": {"kind": "passkey", "seq_len": 128},
+                "parallel": {"ring_size": 2},
+                "train": {"steps": 5000, "lr": 1e-3},
+                "checkpoint": {"every_steps": 0},
+                "eval": {"enabled": False},
+                "resources": {"accelerator": "cpu", "cpus_per_worker": 1},
+                "max_restarts": 0,
+            },
+        )
         pg.goto(f"{srv.url}/#/jobs/{job['id']}")
         pg.wait_for_function("() => Number(document.querySelector('#chart-loss')?.dataset.points) >= 2", timeout=150000)
         first = int(pg.locator("#chart-loss").get_attribute("data-points"))
-        pg.wait_for_function(f"() => Number(document.querySelector('#chart-loss').dataset.points) > {first}",
-                             timeout=30000)
+        pg.wait_for_function(
+            f"() => Number(document.querySelector('#chart-loss').dataset.points) > {first}", timeout=30000
+        )
         pg.locator("#ring svg .rank").nth(1).wait_for()
         assert pg.locator("#ring svg .rank").count() == 2
         assert pg.locator("#job-state").inner_text() == "RUNNING"

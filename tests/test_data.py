@@ -20,7 +20,7 @@ from workers.data import (
     take_shard,
 )
 from workers.data.passkey import NEEDLE, QUESTION
-from workers.trainer import run_training
+from workers.training.trainer import run_training
 
 assert one_thread  # autouse fixture, imported to apply to this module
 

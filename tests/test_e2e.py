@@ -39,8 +39,16 @@ def launcher(ray_head):  # noqa: F811
 
 
 def e2e_server(tmp_path: Path, launcher, **over):
-    return running(tmp_path, launcher, reconcile_interval_s=1.0, reconcile_grace_s=10.0, scheduler_interval_s=0.2,
-                   cancel_grace_s=60.0, placement_timeout_s=120.0, **over)
+    return running(
+        tmp_path,
+        launcher,
+        reconcile_interval_s=1.0,
+        reconcile_grace_s=10.0,
+        scheduler_interval_s=0.2,
+        cancel_grace_s=60.0,
+        placement_timeout_s=120.0,
+        **over,
+    )
 
 
 def test_submit_succeeds_with_metrics_and_cli(tmp_path, launcher, capsys, monkeypatch):

@@ -34,7 +34,7 @@ from service.local_ray import RayHead
 from service.ray_jobs import RayJobLauncher
 from tests.api_harness import ALICE, TOKENS, Driver, RecordingLauncher, free_port, running, wait_for
 from tests.ray_fixtures import ray_state
-from workers.checkpoint import latest_step, list_steps
+from workers.training.checkpoint import latest_step, list_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -68,8 +68,9 @@ def get_job(c: httpx.Client, jid: str) -> dict[str, Any]:
     return r.json()
 
 
-def wait_job(c: httpx.Client, jid: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str
-             ) -> dict[str, Any]:
+def wait_job(
+    c: httpx.Client, jid: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -80,10 +81,13 @@ def wait_job(c: httpx.Client, jid: str, pred: Callable[[dict[str, Any]], bool], 
         time.sleep(0.3)
     logs = ""
     with contextlib.suppress(Exception):
-        logs = "\n".join(x["line"] for x in c.get(f"/v1/jobs/{jid}/logs", params={"limit": 10000}).json()["lines"]
-                         [-30:])
-    raise AssertionError(f"{what} not seen in {timeout}s: state {last.get('state')}, step {last.get('step')}, "
-                         f"transitions {[(t['to'], t['reason']) for t in last.get('transitions') or []]}\n{logs}")
+        logs = "\n".join(
+            x["line"] for x in c.get(f"/v1/jobs/{jid}/logs", params={"limit": 10000}).json()["lines"][-30:]
+        )
+    raise AssertionError(
+        f"{what} not seen in {timeout}s: state {last.get('state')}, step {last.get('step')}, "
+        f"transitions {[(t['to'], t['reason']) for t in last.get('transitions') or []]}\n{logs}"
+    )
 
 
 def finished(c: httpx.Client, jid: str, timeout: float = 150) -> dict[str, Any]:
@@ -108,10 +112,14 @@ def exactly_once(c: httpx.Client, jid: str, steps: int) -> dict[str, int]:
     loss = Counter(p["step"] for p in pts if p["name"] == "loss")
     keys = Counter((p["step"], p["name"], p["rank"]) for p in pts)
     seqs = [p["seq"] for p in pts]
-    counts = {"expected": steps, "stored": sum(loss.values()), "lost": sum(1 for s in range(1, steps + 1)
-                                                                          if s not in loss),
-              "duplicated": sum(n - 1 for n in loss.values() if n > 1), "any_key_duplicated":
-              sum(n - 1 for n in keys.values() if n > 1), "points_total": len(pts)}
+    counts = {
+        "expected": steps,
+        "stored": sum(loss.values()),
+        "lost": sum(1 for s in range(1, steps + 1) if s not in loss),
+        "duplicated": sum(n - 1 for n in loss.values() if n > 1),
+        "any_key_duplicated": sum(n - 1 for n in keys.values() if n > 1),
+        "points_total": len(pts),
+    }
     print(f"\n[faults] job {jid}: loss points {counts}")
     assert sorted(loss) == list(range(1, steps + 1)), counts
     assert counts["duplicated"] == 0 and counts["any_key_duplicated"] == 0, counts
@@ -159,8 +167,13 @@ def launcher(ray_head: RayHead) -> RayJobLauncher:
 
 
 def control_plane(tmp: Path, launcher: Any, **over: Any):  # type: ignore[no-untyped-def]
-    base: dict[str, Any] = dict(reconcile_interval_s=0.5, reconcile_grace_s=3.0, scheduler_interval_s=0.2,
-                                cancel_grace_s=30.0, placement_timeout_s=60.0)
+    base: dict[str, Any] = dict(
+        reconcile_interval_s=0.5,
+        reconcile_grace_s=3.0,
+        scheduler_interval_s=0.2,
+        cancel_grace_s=30.0,
+        placement_timeout_s=60.0,
+    )
     base.update(over)
     return running(tmp, launcher, **base)
 
@@ -173,22 +186,36 @@ class ServeProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "serve.log"
         exe = Path(sys.executable).with_name("ringtrain")
-        self.cmd = [str(exe), "serve"] if exe.exists() else [sys.executable, "-c", "from api.cli import main; "
-                                                             "raise SystemExit(main())", "serve"]
-        self.env = {**os.environ, "RINGTRAIN_DATABASE_URL": f"sqlite:///{tmp}/rt.db",
-                    "RINGTRAIN_RAY_ADDRESS": head.jobs_url, "RAY_AUTH_TOKEN": head.auth_token or "",
-                    "RINGTRAIN_API_TOKENS": json.dumps(TOKENS), "RINGTRAIN_HOST": "127.0.0.1",
-                    "RINGTRAIN_PORT": str(self.port), "RINGTRAIN_CHECKPOINT_DIR": str(tmp / "ckpt"),
-                    "RINGTRAIN_TOKEN_FILE": str(tmp / "token"), "RINGTRAIN_SCHEDULER_INTERVAL_S": "0.2",
-                    "RINGTRAIN_RECONCILE_INTERVAL_S": "0.5", "RINGTRAIN_RECONCILE_GRACE_S": "5",
-                    "RINGTRAIN_PLACEMENT_TIMEOUT_S": "60", "RINGTRAIN_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+        self.cmd = (
+            [str(exe), "serve"]
+            if exe.exists()
+            else [sys.executable, "-c", "from api.cli import main; raise SystemExit(main())", "serve"]
+        )
+        self.env = {
+            **os.environ,
+            "RINGTRAIN_DATABASE_URL": f"sqlite:///{tmp}/rt.db",
+            "RINGTRAIN_RAY_ADDRESS": head.jobs_url,
+            "RAY_AUTH_TOKEN": head.auth_token or "",
+            "RINGTRAIN_API_TOKENS": json.dumps(TOKENS),
+            "RINGTRAIN_HOST": "127.0.0.1",
+            "RINGTRAIN_PORT": str(self.port),
+            "RINGTRAIN_CHECKPOINT_DIR": str(tmp / "ckpt"),
+            "RINGTRAIN_TOKEN_FILE": str(tmp / "token"),
+            "RINGTRAIN_SCHEDULER_INTERVAL_S": "0.2",
+            "RINGTRAIN_RECONCILE_INTERVAL_S": "0.5",
+            "RINGTRAIN_RECONCILE_GRACE_S": "5",
+            "RINGTRAIN_PLACEMENT_TIMEOUT_S": "60",
+            "RINGTRAIN_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT),
+        }
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     def start(self) -> ServeProcess:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.starts += 1
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -236,8 +263,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 # -- 1. a rank dies --------------------------------------------------------------------------------------------------
-def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(tmp_path: Path, ray_head: RayHead,
-                                                                   launcher: RayJobLauncher) -> None:
+def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(
+    tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
+) -> None:
     steps = 150  # ~8 s of training: still running when the kill comes, even with the driver's metrics lagging
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=spec(steps, max_restarts=2, name="kill-rank")).json()["id"]
@@ -249,8 +277,12 @@ def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(tmp_path: Path
         assert job["state"] == "SUCCEEDED", job["error"]
         seq = states(job)
         i = seq.index("RETRYING")
-        assert seq[:3] == ["QUEUED", "PLACING", "RUNNING"] and seq[i:] == ["RETRYING", "PLACING", "RUNNING",
-                                                                           "SUCCEEDED"], seq
+        assert seq[:3] == ["QUEUED", "PLACING", "RUNNING"] and seq[i:] == [
+            "RETRYING",
+            "PLACING",
+            "RUNNING",
+            "SUCCEEDED",
+        ], seq
         retry = job["transitions"][i]
         # The newest checkpoint (every 5; at least the one at 5): points the dead rank had not handed over yet
         # are re-sent from its metrics journal instead of re-running their steps.
@@ -261,7 +293,8 @@ def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(tmp_path: Path
 
 # -- 2. the driver (the job's supervisor) dies -----------------------------------------------------------------------
 def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart_left(
-        tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher) -> None:
+    tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
+) -> None:
     steps = 150  # still running when the driver is killed (see test 1)
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
         # a restart left: RETRYING, a new driver (attempt 1) resumes from the checkpoint, SUCCEEDED, exactly once
@@ -284,8 +317,10 @@ def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart
         # the dead driver's actors and placement group went with it
         assert all(a["state"] == "DEAD" for a in job_actors(ray_head, jid, alive=False))
         assert all(pg["state"] == "REMOVED" for pg in job_pgs(ray_head, f"rt-{jid}-d0-"))
-        print(f"[faults] driver kill: RETRYING after {detected_s:.1f}s, resumed from step {resumed['resume_step']}, "
-              f"{counts}")
+        print(
+            f"[faults] driver kill: RETRYING after {detected_s:.1f}s, resumed from step {resumed['resume_step']}, "
+            f"{counts}"
+        )
 
         # no restart left: FAILED with the reason, bounded by reconcile_grace_s, never hanging
         jid2 = c.post("/v1/jobs", json=spec(200, max_restarts=0, every=0, name="kill-driver-0")).json()["id"]
@@ -349,9 +384,9 @@ TRAIN_CHILD = textwrap.dedent("""
     import json, os, sys, time
     import torch
     torch.set_num_threads(1)
-    import workers.checkpoint as ck
+    import workers.training.checkpoint as ck
     from workers.config import JobSpec
-    from workers.trainer import run_training
+    from workers.training.trainer import run_training
     spec = JobSpec.model_validate_json(sys.argv[1]); root = sys.argv[2]; pause_at = int(sys.argv[3])
     real = ck.save_file
     def save_file(weights, path, metadata=None):
@@ -371,7 +406,7 @@ SAVE_LOOP_CHILD = textwrap.dedent("""
     import sys
     import torch
     from torch import nn
-    from workers.checkpoint import save_checkpoint
+    from workers.training.checkpoint import save_checkpoint
     torch.manual_seed(0)
     model = nn.Linear(2048, 2048)  # 16 MiB of fp32 weights per save
     step = 0
@@ -386,8 +421,15 @@ SAVE_LOOP_CHILD = textwrap.dedent("""
 
 def _child(code: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
 def test_checkpoint_write_killed_midway_is_never_picked_up(tmp_path: Path) -> None:
@@ -465,8 +507,19 @@ class Postgres:
         subprocess.run([*self.prefix, str(self.bin / tool), *args], check=True, capture_output=True, timeout=120)
 
     def start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.tmp / "log"), "-w", "-t", "60", "-o",
-                  f"-p {self.port} -k {self.tmp} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.tmp / "log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {self.port} -k {self.tmp} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )
 
     def stop(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
@@ -536,8 +589,9 @@ def test_store_outage_answers_503_writes_nothing_and_recovers(tmp_path: Path, po
 
 
 # -- 7. placement that cannot be satisfied ---------------------------------------------------------------------------
-def test_unplaceable_job_fails_after_the_configured_wait(tmp_path: Path, ray_head: RayHead,
-                                                          launcher: RayJobLauncher) -> None:
+def test_unplaceable_job_fails_after_the_configured_wait(
+    tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
+) -> None:
     from ray.job_submission import JobSubmissionClient
 
     ray_jobs = JobSubmissionClient(ray_head.jobs_url, headers=ray_head.headers)

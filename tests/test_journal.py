@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.journal import MetricJournal, journal_path, read_journal
-from workers.reports import MetricPoint
+from workers.protocol import MetricPoint
+from workers.training.journal import MetricJournal, journal_path, read_journal
 
 
 def _p(step: int, value: float, rank: int | None = None) -> MetricPoint:
-    return MetricPoint(step=step, name="loss" if rank is None else "mem_peak_bytes", value=value, rank=rank,
-                       time=1.0 + step)
+    return MetricPoint(
+        step=step, name="loss" if rank is None else "mem_peak_bytes", value=value, rank=rank, time=1.0 + step
+    )
 
 
 def test_resume_cuts_the_journal_back_and_keeps_one_history(tmp_path: Path) -> None:

@@ -43,9 +43,14 @@ def test_submits_while_streaming(tmp_path: Path) -> None:
         def subscribe(i: int) -> None:
             # no reconnect: a dropped stream is an error here, not something to paper over
             try:
-                with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {ALICE}"},
-                                  timeout=httpx.Timeout(30, read=120)) as h, \
-                        h.stream("GET", f"/v1/jobs/{followed}/events") as r:
+                with (
+                    httpx.Client(
+                        base_url=srv.url,
+                        headers={"Authorization": f"Bearer {ALICE}"},
+                        timeout=httpx.Timeout(30, read=120),
+                    ) as h,
+                    h.stream("GET", f"/v1/jobs/{followed}/events") as r,
+                ):
                     if r.status_code != 200:
                         sub_errors.append(f"subscriber {i}: HTTP {r.status_code}")
                         return
@@ -118,12 +123,22 @@ def test_submits_while_streaming(tmp_path: Path) -> None:
     last = stored[-1]
     complete = sum(1 for i in range(SUBSCRIBERS) if streams[i] == stored and ends[i].get("last_seq") == last)
     lost = sum(len(set(stored) - set(s)) for s in streams)
-    print(f"\nload: {len(submit_lat)} submits from {CLIENTS} clients in {submit_wall:.1f} s "
-          f"({len(submit_lat) / submit_wall:.0f}/s); submit latency p50 {pct(submit_lat, 50) * 1000:.1f} ms, "
-          f"p99 {pct(submit_lat, 99) * 1000:.1f} ms, max {max(submit_lat) * 1000:.1f} ms; "
-          f"{len(report_codes)} report batches ({points} points); {SUBSCRIBERS} subscribers × {len(stored)} events "
-          f"= {SUBSCRIBERS * len(stored)} SSE messages; complete gap-free streams {complete}/{SUBSCRIBERS}; "
-          f"events lost {lost}; jobs listed {listed}, launched {launched}")
-    assert (submit_errors, sub_errors, set(report_codes), len(submit_lat), complete, lost, stored,
-            listed, launched) == (
-        [], [], {200}, SUBMITS, SUBSCRIBERS, 0, list(range(1, last + 1)), SUBMITS + 1, SUBMITS + 1)
+    print(
+        f"\nload: {len(submit_lat)} submits from {CLIENTS} clients in {submit_wall:.1f} s "
+        f"({len(submit_lat) / submit_wall:.0f}/s); submit latency p50 {pct(submit_lat, 50) * 1000:.1f} ms, "
+        f"p99 {pct(submit_lat, 99) * 1000:.1f} ms, max {max(submit_lat) * 1000:.1f} ms; "
+        f"{len(report_codes)} report batches ({points} points); {SUBSCRIBERS} subscribers × {len(stored)} events "
+        f"= {SUBSCRIBERS * len(stored)} SSE messages; complete gap-free streams {complete}/{SUBSCRIBERS}; "
+        f"events lost {lost}; jobs listed {listed}, launched {launched}"
+    )
+    assert (
+        submit_errors,
+        sub_errors,
+        set(report_codes),
+        len(submit_lat),
+        complete,
+        lost,
+        stored,
+        listed,
+        launched,
+    ) == ([], [], {200}, SUBMITS, SUBSCRIBERS, 0, list(range(1, last + 1)), SUBMITS + 1, SUBMITS + 1)

@@ -13,9 +13,9 @@ from tests.dist import run_distributed
 from tests.trainutil import one_thread, tiny_spec
 from workers.attention import shard_positions, shard_sequence, unshard_sequence
 from workers.data import ByteTokenizer, PasskeySource, make_sample, sample_generator
-from workers.evals import EVAL_SALT, cell_name, passkey_accuracy
-from workers.mesh import _buckets, all_reduce_grads, build_mesh
-from workers.model import SequenceParallel, build_model, token_losses
+from workers.models import SequenceParallel, build_model, token_losses
+from workers.training.evals import EVAL_SALT, cell_name, passkey_accuracy
+from workers.training.mesh import _buckets, all_reduce_grads, build_mesh
 
 assert one_thread  # autouse fixture, imported to apply to this module
 

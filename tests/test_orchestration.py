@@ -21,8 +21,8 @@ from service.local_ray import RayHead
 from service.ray_jobs import RayJobLauncher, submission_id_for
 from tests.ray_fixtures import ReportReceiver, ray_state
 from workers.config import JobSpec
-from workers.reporter import Reporter
-from workers.reports import JobState, MetricPoint
+from workers.orchestration.reporter import Reporter
+from workers.protocol import JobState, MetricPoint
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -54,9 +54,16 @@ class Harness:
 
     def submit(self, job_id: str, spec: JobSpec, *, placement_timeout_s: float = 60.0) -> str:
         self.receiver.add_job(job_id, token=f"ingest-{job_id}")
-        return self.launcher.submit(LaunchRequest(job_id=job_id, spec=spec, control_url=self.receiver.url,
-                                                  ingest_token=f"ingest-{job_id}", checkpoint_dir=str(self.tmp),
-                                                  placement_timeout_s=placement_timeout_s))
+        return self.launcher.submit(
+            LaunchRequest(
+                job_id=job_id,
+                spec=spec,
+                control_url=self.receiver.url,
+                ingest_token=f"ingest-{job_id}",
+                checkpoint_dir=str(self.tmp),
+                placement_timeout_s=placement_timeout_s,
+            )
+        )
 
     def wait_driver(self, sid: str, timeout_s: float = 60) -> DriverStatus:
         deadline = time.monotonic() + timeout_s
@@ -75,8 +82,10 @@ class Harness:
                     return
             time.sleep(0.2)
         job = self.receiver.jobs[job_id]
-        raise TimeoutError(f"{what} not seen in {timeout_s}s; states {[s['state'] for s in job.states]}, "
-                           f"logs {[x['line'] for x in job.logs][-10:]}")
+        raise TimeoutError(
+            f"{what} not seen in {timeout_s}s; states {[s['state'] for s in job.states]}, "
+            f"logs {[x['line'] for x in job.logs][-10:]}"
+        )
 
     def finish(self, job_id: str, sid: str, timeout_s: float = 120) -> dict[str, Any]:
         try:
@@ -187,8 +196,11 @@ def test_killed_rank_resumes_from_checkpoint_without_duplicate_points(harness: H
     assert "died" in retry["reason"]
     # After the server applied the supersede: exactly one loss point per step, 1..steps.
     assert sorted(losses(job)) == list(range(1, steps + 1)), (
-        [(s["state"], s["reason"], s.get("resume_step")) for s in job.states], [x["line"] for x in job.logs],
-        losses(job), job.superseded)
+        [(s["state"], s["reason"], s.get("resume_step")) for s in job.states],
+        [x["line"] for x in job.logs],
+        losses(job),
+        job.superseded,
+    )
     assert Counter((p["step"], p["name"], p.get("rank")) for p in job.points).most_common(1)[0][1] == 1
     running = [s for s in job.states if s["state"] == "RUNNING"]
     assert len(running) == 2 and running[1]["metadata"]["restarts"] == 1

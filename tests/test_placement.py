@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.placement import (
+from workers.orchestration.placement import (
     PACK,
     STRICT_PACK,
     RankAssignment,
@@ -61,8 +61,9 @@ def test_bundles_and_strategy() -> None:
 
 def test_interleaved_bundles_are_grouped_by_node_gpu_ascending() -> None:
     # Ray handed out bundles interleaved across two 4-GPU nodes, GPU ids shuffled.
-    locs = _locs([("nA", [3]), ("nB", [1]), ("nA", [0]), ("nB", [0]), ("nA", [2]), ("nB", [3]), ("nA", [1]),
-                  ("nB", [2])])
+    locs = _locs(
+        [("nA", [3]), ("nB", [1]), ("nA", [0]), ("nB", [0]), ("nA", [2]), ("nB", [3]), ("nA", [1]), ("nB", [2])]
+    )
     out = order_ranks(locs, ring_size=8)
     assert [a.rank for a in out] == list(range(8))
     assert [(a.node_id, a.device) for a in out] == [("nA", f"cuda:{i}") for i in range(4)] + [
@@ -79,8 +80,9 @@ def test_interleaved_bundles_are_grouped_by_node_gpu_ascending() -> None:
 
 def test_data_parallel_rings_use_fewest_nodes() -> None:
     # Uneven nodes: 2 + 4 + 2 GPUs, 2 rings of 4. The 4-GPU node hosts a whole ring.
-    locs = _locs([("n1", [0]), ("n2", [0]), ("n3", [0]), ("n2", [1]), ("n1", [1]), ("n2", [2]), ("n3", [1]),
-                  ("n2", [3])])
+    locs = _locs(
+        [("n1", [0]), ("n2", [0]), ("n3", [0]), ("n2", [1]), ("n1", [1]), ("n2", [2]), ("n3", [1]), ("n2", [3])]
+    )
     out = order_ranks(locs, ring_size=4, data_parallel=2)
     assert nodes_per_ring(out, 4) == [1, 2]
     assert ring_crossings(out, 4) == [0, 2]
@@ -130,8 +132,8 @@ from service.local_ray import free_ports
 from ray.cluster_utils import Cluster
 import ray
 from workers.config import JobSpec
-from workers.driver import reserve
-from workers.placement import node_crossings, nodes_per_ring, ring_crossings
+from workers.orchestration.driver import reserve
+from workers.orchestration.placement import node_crossings, nodes_per_ring, ring_crossings
 
 def node_args(cpus, head=False):
     gcs, agent, metrics, rt_env, client = free_ports(5)
@@ -183,12 +185,13 @@ def test_rank_ordering_on_three_simulated_nodes() -> None:
         "PYTHONPATH": str(ROOT),
     }
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", _SCENARIO], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCENARIO], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
     try:
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-        res = json.loads(lines[-1][len("RESULT "):])
+        res = json.loads(lines[-1][len("RESULT ") :])
     finally:
         from service.local_ray import _kill_processes_mentioning
 

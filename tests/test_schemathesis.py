@@ -21,8 +21,13 @@ from tests.api_harness import ALICE, TINY_SPEC, Driver, RecordingLauncher, make_
 
 pytestmark = pytest.mark.slow
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
-          response_headers_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +47,18 @@ schema = schemathesis.openapi.from_dict(_schema_dict())
 
 
 @schema.parametrize()
-@settings(max_examples=30, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 def test_api_conforms(case, api_server):
-    case.call_and_validate(base_url=api_server.url, headers={"Authorization": f"Bearer {ALICE}"}, checks=CHECKS,
-                           timeout=15)
+    case.call_and_validate(
+        base_url=api_server.url, headers={"Authorization": f"Bearer {ALICE}"}, checks=CHECKS, timeout=15
+    )
 
 
 OPEN = {"/healthz", "/readyz"}
 
 
 @schema.parametrize()
-@settings(max_examples=5, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=5, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 def test_api_without_token(case, api_server):
     """No token: every secured operation answers a conformant 401 whatever the input; open ones stay open."""
     r = case.call_and_validate(base_url=api_server.url, checks=CHECKS, timeout=15)
@@ -73,10 +77,10 @@ def reporting_job(api_server):
 
 
 @schema.include(path="/v1/jobs/{job_id}/report").parametrize()
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 def test_report_route_with_ingest_token(case, api_server, reporting_job):
     job_id, token = reporting_job
     case.path_parameters = {"job_id": job_id}
-    case.call_and_validate(base_url=api_server.url, headers={"Authorization": f"Bearer {token}"}, checks=CHECKS,
-                           timeout=15)
+    case.call_and_validate(
+        base_url=api_server.url, headers={"Authorization": f"Bearer {token}"}, checks=CHECKS, timeout=15
+    )

@@ -29,7 +29,7 @@ from service.models import Transition
 from service.store import JobNotFound, ReportGap, Store
 from tests.api_harness import TINY_SPEC, free_port
 from workers.config import JobSpec
-from workers.reports import JobState, LogItem, MetricItem, StateItem
+from workers.protocol import JobState, LogItem, MetricItem, StateItem
 
 SPEC = JobSpec.model_validate(TINY_SPEC)
 
@@ -54,11 +54,43 @@ def postgres_server() -> Iterator[str]:
     port = free_port()
     data = tmp / "data"
     try:
-        subprocess.run([*prefix, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "ringtrain",
-                        "--no-sync", "-E", "UTF8"], check=True, capture_output=True, timeout=120)
-        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(tmp / "log"), "-w", "-t", "60",
-                        "-o", f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c fsync=off "
-                              "-c max_connections=100", "start"], check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                *prefix,
+                str(bindir / "initdb"),
+                "-D",
+                str(data),
+                "-A",
+                "trust",
+                "-U",
+                "ringtrain",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                *prefix,
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-l",
+                str(tmp / "log"),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
         log = (tmp / "log").read_text() if (tmp / "log").exists() else ""
         shutil.rmtree(tmp, ignore_errors=True)
@@ -66,8 +98,11 @@ def postgres_server() -> Iterator[str]:
     try:
         yield f"postgresql://ringtrain@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -130,8 +165,11 @@ def test_schema_and_create(store: Store):
 
 def test_report_semantics(store: Store):
     job = store.create_job("alice", SPEC, "tok")
-    batch = [state(1, "RUNNING", reason="placed"), *[metric(i + 2, i, value=float(i)) for i in range(10)],
-             LogItem(seq=12, time=time.time(), line="hi")]
+    batch = [
+        state(1, "RUNNING", reason="placed"),
+        *[metric(i + 2, i, value=float(i)) for i in range(10)],
+        LogItem(seq=12, time=time.time(), line="hi"),
+    ]
     assert store.apply_report(job.id, batch).acked_seq == 12
     assert store.apply_report(job.id, batch).acked_seq == 12  # idempotent
     assert len(store.metrics(job.id)) == 10 and len(store.logs(job.id)) == 1
@@ -158,8 +196,9 @@ def test_report_semantics(store: Store):
     assert p.step == 8 and p.value is None
     assert store.metrics(job.id, names=["mem_peak_bytes"])[0].rank == 1
     # terminal states never change
-    store.apply_report(job.id, [state(22, "SUCCEEDED", reason="done"), state(23, "RUNNING"),
-                                state(24, "FAILED", error="late")])
+    store.apply_report(
+        job.id, [state(22, "SUCCEEDED", reason="done"), state(23, "RUNNING"), state(24, "FAILED", error="late")]
+    )
     j = store.get_job(job.id)
     assert j.state == "SUCCEEDED" and j.error is None and j.finished_at is not None
     assert not store.transition(job.id, JobState.FAILED, "reconciler")
@@ -214,7 +253,7 @@ def test_concurrent_reports_apply_once(store: Store):
 
     def worker(jid: str, seed: int) -> None:
         try:
-            for b in batches[seed % 3:] + batches:
+            for b in batches[seed % 3 :] + batches:
                 with contextlib.suppress(ReportGap):
                     store.apply_report(jid, b)
         except BaseException as e:  # pragma: no cover

@@ -17,7 +17,7 @@ import torch
 
 from tests.dist import run_distributed
 from tests.trainutil import final_weights, one_thread, series, tiny_spec, train
-from workers.model import build_model
+from workers.models import build_model
 
 assert one_thread  # autouse fixture, imported to apply to this module
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.checkpoint import latest_step, step_dir
 from workers.config import JobSpec
-from workers.reports import MetricPoint
+from workers.protocol import MetricPoint
+from workers.training.checkpoint import latest_step, step_dir
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +42,7 @@ def tiny_spec(**over: Any) -> JobSpec:
 
 def train(rank: int, world: int, spec_json: str, ckpt: str | None, max_steps: int | None) -> dict[str, Any]:
     """Run `run_training` on this rank; return the metric points and the result (any rank)."""
-    from workers.trainer import run_training
+    from workers.training.trainer import run_training
 
     points: list[MetricPoint] = []
     result = run_training(

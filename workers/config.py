@@ -231,9 +231,7 @@ def seq_multiple(layout: str, ring_size: int) -> int:
 def _fail(path: str, value: Any, message: str) -> None:
     loc = tuple(int(p) if p.isdigit() else p for p in path.split("."))
     err = PydanticCustomError("spec_rule", message)
-    raise ValidationError.from_exception_data(
-        "JobSpec", [InitErrorDetails(type=err, loc=loc, input=value)]
-    )
+    raise ValidationError.from_exception_data("JobSpec", [InitErrorDetails(type=err, loc=loc, input=value)])
 
 
 def load_spec(text: str) -> JobSpec:

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from workers.config import load_spec
-from workers.reports import MetricPoint
-from workers.trainer import run_training
+from workers.protocol import MetricPoint
+from workers.training.trainer import run_training
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,12 @@ from service.planner import plan
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
 
-@router.post("/plan", response_model=PlanOut, openapi_extra=SPEC_BODY,
-             responses={**ERRORS, 400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}})
+@router.post(
+    "/plan",
+    response_model=PlanOut,
+    openapi_extra=SPEC_BODY,
+    responses={**ERRORS, 400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}},
+)
 async def plan_job(request: Request, ctx: Ctx, owner: Owner) -> PlanOut:
     """Validate a spec against the live cluster and preview placement and memory. Reserves nothing."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
@@ -32,17 +36,25 @@ async def plan_job(request: Request, ctx: Ctx, owner: Owner) -> PlanOut:
     return PlanOut.of(spec.model_dump(mode="json"), p, cluster_error)
 
 
-@router.get("/cluster", response_model=ClusterOut, responses={401: {"model": ErrorResponse},
-                                                             503: {"model": ErrorResponse}})
+@router.get(
+    "/cluster", response_model=ClusterOut, responses={401: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
+)
 async def get_cluster(ctx: Ctx, owner: Owner) -> ClusterOut:
     """Nodes with CPUs/GPUs free and total."""
     try:
         c = await ctx.cluster(max_age_s=1.0)
     except Exception as e:
-        raise ApiError(503, f"the Ray cluster is unreachable ({type(e).__name__}: {e}); check RINGTRAIN_RAY_ADDRESS",
-                       code="ray_unavailable") from e
+        raise ApiError(
+            503,
+            f"the Ray cluster is unreachable ({type(e).__name__}: {e}); check RINGTRAIN_RAY_ADDRESS",
+            code="ray_unavailable",
+        ) from e
     nodes = [NodeOut(**vars(n)) for n in c.nodes]
     alive = [n for n in c.nodes if n.alive]
-    return ClusterOut(nodes=nodes, cpus_total=sum(n.cpus_total for n in alive),
-                      cpus_free=sum(n.cpus_free for n in alive),
-                      gpus_total=sum(n.gpus_total for n in alive), gpus_free=sum(n.gpus_free for n in alive))
+    return ClusterOut(
+        nodes=nodes,
+        cpus_total=sum(n.cpus_total for n in alive),
+        cpus_free=sum(n.cpus_free for n in alive),
+        gpus_total=sum(n.gpus_total for n in alive),
+        gpus_free=sum(n.gpus_free for n in alive),
+    )

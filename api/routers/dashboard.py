@@ -48,8 +48,9 @@ class SeriesSnapshot(BaseModel):
 def decimate(steps: Any, values: Any, max_points: int) -> tuple[list[int], list[float | None]]:
     """First/min/max/last of each of max_points // 4 equal-count buckets, in their original order."""
     st = np.asarray(steps, dtype=np.int64)
-    va = np.asarray([np.nan if v is None else v for v in values] if isinstance(values, list) else values,
-                    dtype=np.float64)
+    va = np.asarray(
+        [np.nan if v is None else v for v in values] if isinstance(values, list) else values, dtype=np.float64
+    )
     n = len(st)
     if n > max_points:
         nb = max(1, max_points // 4)
@@ -78,14 +79,20 @@ def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: 
     series: list[SeriesOut] = []
     with store.engine.connect() as conn:
         keys = conn.execute(
-            select(M.name, M.rank, func.count()).where(M.job_id == job_id, M.seq <= last)
-            .group_by(M.name, M.rank).order_by(M.name, M.rank)
+            select(M.name, M.rank, func.count())
+            .where(M.job_id == job_id, M.seq <= last)
+            .group_by(M.name, M.rank)
+            .order_by(M.name, M.rank)
         ).all()
         for name, rank, count in keys:
             rows = conn.execute(
                 select(M.step, M.value)
-                .where(M.job_id == job_id, M.name == name, M.rank.is_(None) if rank is None else M.rank == rank,
-                       M.seq <= last)
+                .where(
+                    M.job_id == job_id,
+                    M.name == name,
+                    M.rank.is_(None) if rank is None else M.rank == rank,
+                    M.seq <= last,
+                )
                 .order_by(M.seq)
             ).all()
             steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -95,17 +102,24 @@ def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: 
                 order = np.argsort(steps, kind="stable")
                 steps, values = steps[order], values[order]
             s, v = decimate(steps, values, max_points)
-            series.append(SeriesOut(name=name, rank=rank, count=int(count), downsampled=len(s) < count,
-                                    step=s, value=v))
-        log_rows = conn.execute(
-            select(LogLine.seq, LogLine.time, LogLine.source, LogLine.line)
-            .where(LogLine.job_id == job_id, LogLine.seq <= last)
-            .order_by(LogLine.seq.desc()).limit(n_logs)
-        ).all() if n_logs else []
+            series.append(
+                SeriesOut(name=name, rank=rank, count=int(count), downsampled=len(s) < count, step=s, value=v)
+            )
+        log_rows = (
+            conn.execute(
+                select(LogLine.seq, LogLine.time, LogLine.source, LogLine.line)
+                .where(LogLine.job_id == job_id, LogLine.seq <= last)
+                .order_by(LogLine.seq.desc())
+                .limit(n_logs)
+            ).all()
+            if n_logs
+            else []
+        )
     transitions = [t for t in store.transitions(job_id) if t.seq <= last]
     logs = [LogOut(seq=r.seq, time=r.time, source=r.source, line=r.line) for r in reversed(log_rows)]
-    return SeriesSnapshot(job=JobOut.of(job, transitions), last_seq=last, max_points=max_points,
-                          series=series, logs=logs)
+    return SeriesSnapshot(
+        job=JobOut.of(job, transitions), last_seq=last, max_points=max_points, series=series, logs=logs
+    )
 
 
 @router.get("/{job_id}/series", response_model=SeriesSnapshot, responses=ERRORS)
@@ -118,4 +132,3 @@ async def job_series(
 ) -> SeriesSnapshot:
     """The job, its metric series downsampled to `max_points` each, and its log tail, as of `last_seq`."""
     return await asyncio.to_thread(snapshot, ctx, job_id, owner, max_points, logs)
-

@@ -52,8 +52,12 @@ POLL_S = 5.0  # re-check the store this often even without hub wake-ups (other r
 
 
 def _sse(e: Event, first: bool = False) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(e.data, separators=(",", ":"), allow_nan=False), event=e.kind,
-                           id=str(e.seq), retry=2000 if first else None)
+    return ServerSentEvent(
+        data=json.dumps(e.data, separators=(",", ":"), allow_nan=False),
+        event=e.kind,
+        id=str(e.seq),
+        retry=2000 if first else None,
+    )
 
 
 async def stream(ctx: AppContext, job_id: str, after: int) -> AsyncIterator[ServerSentEvent]:
@@ -104,8 +108,10 @@ async def stream(ctx: AppContext, job_id: str, after: int) -> AsyncIterator[Serv
         sub.close()
 
 
-@router.get("/{job_id}/events", responses={**ERRORS, 200: {"content": {"text/event-stream": {}},
-                                                            "description": "an SSE stream (see module docs)"}})
+@router.get(
+    "/{job_id}/events",
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "an SSE stream (see module docs)"}},
+)
 async def job_events(
     job_id: JobId,
     ctx: Ctx,

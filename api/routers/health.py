@@ -38,9 +38,14 @@ async def readyz(ctx: Ctx) -> JSONResponse:
         checks["ray"] = f"{type(e).__name__}: {str(e)[:200]}"
     bad = {k: v for k, v in checks.items() if v != "ok"}
     if bad:
-        return JSONResponse(error_body("not_ready", "not ready: " + ", ".join(f"{k} ({v})" for k, v in bad.items()),
-                                       details=[{"component": k, "message": v} for k, v in bad.items()]),
-                            status_code=503)
+        return JSONResponse(
+            error_body(
+                "not_ready",
+                "not ready: " + ", ".join(f"{k} ({v})" for k, v in bad.items()),
+                details=[{"component": k, "message": v} for k, v in bad.items()],
+            ),
+            status_code=503,
+        )
     return JSONResponse({"status": "ready", **checks})
 
 
@@ -54,5 +59,7 @@ def index() -> Response:
     page = STATIC / "index.html"
     if page.is_file():
         return FileResponse(page, media_type="text/html")
-    return HTMLResponse("<!doctype html><title>ringtrain</title><h1>ringtrain</h1>"
-                        "<p>The dashboard is not installed. The API is documented at <a href='/docs'>/docs</a>.</p>")
+    return HTMLResponse(
+        "<!doctype html><title>ringtrain</title><h1>ringtrain</h1>"
+        "<p>The dashboard is not installed. The API is documented at <a href='/docs'>/docs</a>.</p>"
+    )

@@ -14,7 +14,7 @@ from api.errors import ApiError
 from api.schemas import ErrorResponse, JobList, JobOut, LogOut, LogPage, MetricOut, MetricPage
 from service.planner import plan
 from workers.config import JobSpec
-from workers.reports import JobState
+from workers.protocol import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -37,9 +37,13 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> None:
         raise ApiError(422, p.warnings[0], field="parallel.ring_size")
 
 
-@router.post("", status_code=201, response_model=JobOut, openapi_extra=SPEC_BODY,
-             responses={**ERRORS, 400: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
-                        415: {"model": ErrorResponse}})
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobOut,
+    openapi_extra=SPEC_BODY,
+    responses={**ERRORS, 400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 415: {"model": ErrorResponse}},
+)
 async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owner) -> JobOut:
     """Create a job from a spec (JSON, or YAML with `Content-Type: application/yaml`). It starts QUEUED."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
@@ -96,8 +100,9 @@ def job_metrics(
     rows = ctx.store.metrics(job_id, after, limit + 1, names)
     more = len(rows) > limit
     rows = rows[:limit]
-    return MetricPage(job_id=job_id, points=[MetricOut.of(p) for p in rows],
-                      next_after=rows[-1].seq if rows else after, has_more=more)
+    return MetricPage(
+        job_id=job_id, points=[MetricOut.of(p) for p in rows], next_after=rows[-1].seq if rows else after, has_more=more
+    )
 
 
 @router.get("/{job_id}/logs", response_model=LogPage, responses=ERRORS)
@@ -122,5 +127,10 @@ async def job_logs(
             driver_log = text[-tail_bytes:] if tail_bytes else ""
         except Exception:
             driver_log = None
-    return LogPage(job_id=job_id, lines=[LogOut.of(r) for r in rows], next_after=rows[-1].seq if rows else after,
-                   has_more=more, driver_log=driver_log)
+    return LogPage(
+        job_id=job_id,
+        lines=[LogOut.of(r) for r in rows],
+        next_after=rows[-1].seq if rows else after,
+        has_more=more,
+        driver_log=driver_log,
+    )

@@ -20,13 +20,14 @@ from api.errors import ApiError
 from api.routers.jobs import JobId
 from api.schemas import ErrorResponse
 from service.store import ReportGap
-from workers.reports import ReportAck, ReportBatch
+from workers.protocol import ReportAck, ReportBatch
 
 
 def _check_ingest(ctx: AppContext, job_id: str, creds: HTTPAuthorizationCredentials | None) -> None:
     if creds is None or not ctx.store.check_ingest_token(job_id, creds.credentials):
-        raise ApiError(401, "this route takes the job's ingest token (drivers only)",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(
+            401, "this route takes the job's ingest token (drivers only)", headers={"WWW-Authenticate": "Bearer"}
+        )
 
 
 class IngestAuthRoute(APIRoute):
@@ -60,22 +61,37 @@ def ingest_auth(
     return job_id
 
 
-@router.post("/{job_id}/report", response_model=ReportAck,
-             responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse},
-                        409: {"description": "sequence gap; body has acked_seq"}, 413: {"model": ErrorResponse},
-                        422: {"model": ErrorResponse}})
+@router.post(
+    "/{job_id}/report",
+    response_model=ReportAck,
+    responses={
+        400: {"model": ErrorResponse},
+        401: {"model": ErrorResponse},
+        409: {"description": "sequence gap; body has acked_seq"},
+        413: {"model": ErrorResponse},
+        422: {"model": ErrorResponse},
+    },
+)
 def report(job_id: Annotated[str, Depends(ingest_auth)], batch: ReportBatch, ctx: Ctx) -> ReportAck:
     t = ctx.telemetry
     try:
         res = ctx.store.apply_report(job_id, batch.items)
     except ReportGap as g:
         t.reports.labels("gap").inc()
-        raise ApiError(409, f"report sequence gap: the server has everything up to seq {g.acked_seq}; "
-                       f"resend from {g.acked_seq + 1}", code="sequence_gap", extra={"acked_seq": g.acked_seq}) from g
+        raise ApiError(
+            409,
+            f"report sequence gap: the server has everything up to seq {g.acked_seq}; resend from {g.acked_seq + 1}",
+            code="sequence_gap",
+            extra={"acked_seq": g.acked_seq},
+        ) from g
     t.points.inc(res.points)
     if res.applied_to is not None:
         t.reports.labels("gap").inc()
-        raise ApiError(409, f"report sequence gap inside the batch after seq {res.applied_to}; resend from "
-                       f"{res.applied_to + 1}", code="sequence_gap", extra={"acked_seq": res.applied_to})
+        raise ApiError(
+            409,
+            f"report sequence gap inside the batch after seq {res.applied_to}; resend from {res.applied_to + 1}",
+            code="sequence_gap",
+            extra={"acked_seq": res.applied_to},
+        )
     t.reports.labels("ok").inc()
     return ReportAck(acked_seq=res.acked_seq)

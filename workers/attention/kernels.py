@@ -62,8 +62,15 @@ class TorchCpuFlash:
 
     def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            _bhsd(dout), _bhsd(q), _bhsd(k), _bhsd(v), _bhsd(out), lse.to(_lse_dtype(q)).contiguous(),
-            0.0, causal, scale=scale,
+            _bhsd(dout),
+            _bhsd(q),
+            _bhsd(k),
+            _bhsd(v),
+            _bhsd(out),
+            lse.to(_lse_dtype(q)).contiguous(),
+            0.0,
+            causal,
+            scale=scale,
         )
         return _bhsd(dq), _bhsd(dk), _bhsd(dv)
 
@@ -142,8 +149,21 @@ class TorchCudaFlash:
         cum_q = torch.empty(0, dtype=torch.int32, device=q.device)
         empty = torch.empty(0, dtype=torch.int64, device=q.device)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            _bhsd(dout).contiguous(), _bhsd(q), _bhsd(_expand_heads(k, h)), _bhsd(_expand_heads(v, h)),
-            _bhsd(out), lse.float().contiguous(), cum_q, cum_q, sq, sk, 0.0, causal, empty, empty, scale=scale,
+            _bhsd(dout).contiguous(),
+            _bhsd(q),
+            _bhsd(_expand_heads(k, h)),
+            _bhsd(_expand_heads(v, h)),
+            _bhsd(out),
+            lse.float().contiguous(),
+            cum_q,
+            cum_q,
+            sq,
+            sk,
+            0.0,
+            causal,
+            empty,
+            empty,
+            scale=scale,
         )
         return _bhsd(dq), _fold_heads(_bhsd(dk), hk), _fold_heads(_bhsd(dv), hk)
 
@@ -167,15 +187,29 @@ class FlashAttn:
 
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         _flash_attn_backward(
-            dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
-            lse.float().contiguous(), dq, dk, dv, 0.0, scale, causal, -1, -1, 0.0, None, False, None,
+            dout.contiguous(),
+            q.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            out.contiguous(),
+            lse.float().contiguous(),
+            dq,
+            dk,
+            dv,
+            0.0,
+            scale,
+            causal,
+            -1,
+            -1,
+            0.0,
+            None,
+            False,
+            None,
         )
         return dq, dk, dv
 
 
-_BACKENDS: dict[str, BlockKernel] = {
-    k.name: k for k in (TorchCpuFlash(), TorchMath(), TorchCudaFlash(), FlashAttn())
-}
+_BACKENDS: dict[str, BlockKernel] = {k.name: k for k in (TorchCpuFlash(), TorchMath(), TorchCudaFlash(), FlashAttn())}
 
 
 def _flash_attn_available() -> bool:

@@ -49,9 +49,7 @@ def _rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def shard_sequence(
-    x: torch.Tensor, dim: int, layout: str, group: dist.ProcessGroup | None = None
-) -> torch.Tensor:
+def shard_sequence(x: torch.Tensor, dim: int, layout: str, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """This rank's shard of the full tensor `x` along `dim` (a contiguous copy)."""
     rank, world = _rank_world(group)
     pos = shard_positions(x.shape[dim], layout, rank, world).to(x.device)

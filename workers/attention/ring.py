@@ -60,8 +60,14 @@ def _backward(dout, q, k, v, out, lse, causal, layout, group, rank, world, scale
         grads = None
         if block is not None:
             grads = kernel.backward(
-                dout[:, block.q], q[:, block.q], kv[0][:, block.kv], kv[1][:, block.kv],
-                out[:, block.q], lse[:, :, block.q], block.causal, scale,
+                dout[:, block.q],
+                q[:, block.q],
+                kv[0][:, block.kv],
+                kv[1][:, block.kv],
+                out[:, block.q],
+                lse[:, :, block.q],
+                block.causal,
+                scale,
             )
             dq[:, block.q] += grads[0]
         # The dkv that arrived meanwhile belongs to the K/V block we hold now: add our part, pass it on.
@@ -107,9 +113,7 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) ->
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
-        raise ValueError(
-            f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in batch, seq_local and head_dim"
-        )
+        raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in batch, seq_local and head_dim")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})")
     if q.shape[1] == 0:

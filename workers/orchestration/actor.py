@@ -1,4 +1,4 @@
-"""The rank actor: one per placement-group bundle, runs `workers.trainer.run_training` for one rank.
+"""The rank actor: one per placement-group bundle, runs `workers.training.trainer.run_training` for one rank.
 
 It is a threaded actor (`max_concurrency`): `train()` occupies one thread for the whole run while the driver calls
 `drain_metrics()` / `request_stop()` from others, so metrics stream out and a stop request lands while training
@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from workers.reports import MetricPoint
+from workers.protocol import MetricPoint
 
 MAX_BUFFERED_POINTS = 100_000  # per rank; beyond this the oldest points are dropped rather than growing forever
 
@@ -97,7 +97,7 @@ class RankActor:
         import torch
 
         from workers.config import JobSpec
-        from workers.trainer import run_training
+        from workers.training.trainer import run_training
 
         spec = JobSpec.model_validate_json(spec_json)
         device = torch.device(self._device)
@@ -132,7 +132,7 @@ class RankActor:
     def attention_backend(self) -> str:
         import torch
 
-        from workers.model import attention_backend
+        from workers.models import attention_backend
 
         return attention_backend(torch.device(self._device))
 
@@ -141,7 +141,12 @@ class RankActor:
 
 
 def remote_rank_actor(
-    *, num_cpus: float, num_gpus: float, placement_group: Any, bundle_index: int, name: str | None = None,
+    *,
+    num_cpus: float,
+    num_gpus: float,
+    placement_group: Any,
+    bundle_index: int,
+    name: str | None = None,
     namespace: str | None = None,
 ) -> Any:
     """Start one RankActor scheduled into its bundle (not restarted by Ray: the driver owns recovery)."""

@@ -16,7 +16,7 @@ from torch import nn
 
 from workers.config import JobSpec
 from workers.data import from_windows, make_sample, sample_generator, take_shard
-from workers.mesh import Mesh
+from workers.training.mesh import Mesh
 
 EVAL_SALT = 0x5EED_E7A1  # eval keys never coincide with the training stream
 

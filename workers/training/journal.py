@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workers.reports import MetricPoint
+from workers.protocol import MetricPoint
 
 
 def journal_path(root: str | Path, rank: int) -> Path:

@@ -29,15 +29,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workers.checkpoint import latest_step, load_checkpoint, save_checkpoint
 from workers.config import JobSpec
 from workers.data import build_source, take_shard
-from workers.evals import passkey_accuracy
-from workers.journal import MetricJournal
-from workers.mesh import Mesh, all_reduce_grads, build_mesh
-from workers.model import SequenceParallel, attention_backend, build_model, token_losses
-from workers.optim import Scheduler, build_optimizer, clip_grad_norm
-from workers.reports import MetricPoint
+from workers.models import SequenceParallel, attention_backend, build_model, token_losses
+from workers.protocol import MetricPoint
+from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
+from workers.training.evals import passkey_accuracy
+from workers.training.journal import MetricJournal
+from workers.training.mesh import Mesh, all_reduce_grads, build_mesh
+from workers.training.optim import Scheduler, build_optimizer, clip_grad_norm
 
 
 @dataclass

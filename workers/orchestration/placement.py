@@ -55,9 +55,7 @@ def bundles_fit_on_node(n: int, bundle: Mapping[str, float], node_resources: Map
     return all(node_resources.get(k, 0.0) + 1e-9 >= v * n for k, v in bundle.items() if v > 0)
 
 
-def choose_strategy(
-    world_size: int, bundle: Mapping[str, float], nodes_total: Sequence[Mapping[str, float]]
-) -> str:
+def choose_strategy(world_size: int, bundle: Mapping[str, float], nodes_total: Sequence[Mapping[str, float]]) -> str:
     """STRICT_PACK when the whole group fits one node's total resources, else PACK (fewest nodes, best effort)."""
     if any(bundles_fit_on_node(world_size, bundle, node) for node in nodes_total):
         return STRICT_PACK
@@ -89,8 +87,9 @@ def order_ranks(locations: Sequence[WorkerLocation], ring_size: int, data_parall
     """Assign ranks to actors (index = bundle/actor order). Returns assignments indexed by rank."""
     world = ring_size * data_parallel
     if len(locations) != world:
-        raise ValueError(f"expected {world} actors (ring_size {ring_size} × data_parallel {data_parallel}), "
-                         f"got {len(locations)}")
+        raise ValueError(
+            f"expected {world} actors (ring_size {ring_size} × data_parallel {data_parallel}), got {len(locations)}"
+        )
     # Group by node in order of first appearance; GPU id ascending (then bundle index) inside a node.
     nodes: dict[str, list[int]] = {}
     for i, loc in enumerate(locations):
@@ -125,7 +124,7 @@ def order_ranks(locations: Sequence[WorkerLocation], ring_size: int, data_parall
     for d, segs in enumerate(rings):
         prev_nodes = {n for n, _ in rings[d - 1]} if d else set()
         next_nodes = {n for n, _ in rings[d + 1]} if d + 1 < len(rings) else set()
-        segs.sort(key=lambda s: (0 if s[0] in prev_nodes else 2 if s[0] in next_nodes else 1))
+        segs.sort(key=lambda s: 0 if s[0] in prev_nodes else 2 if s[0] in next_nodes else 1)
 
     # Per-node local ranks and visible devices (GPU order, independent of ring order).
     local: dict[int, tuple[int, int]] = {}
@@ -167,8 +166,9 @@ def ring_crossings(assignments: Sequence[RankAssignment], ring_size: int) -> lis
     out = []
     for d in range(len(by_rank) // ring_size):
         ring = by_rank[d * ring_size : (d + 1) * ring_size]
-        out.append(sum(ring[i].node_id != ring[(i + 1) % ring_size].node_id for i in range(ring_size)) if ring_size > 1
-                   else 0)
+        out.append(
+            sum(ring[i].node_id != ring[(i + 1) % ring_size].node_id for i in range(ring_size)) if ring_size > 1 else 0
+        )
     return out
 
 
@@ -179,8 +179,9 @@ def node_crossings(assignments: Sequence[RankAssignment], ring_size: int) -> int
 
 def nodes_per_ring(assignments: Sequence[RankAssignment], ring_size: int) -> list[int]:
     by_rank = sorted(assignments, key=lambda a: a.rank)
-    return [len({a.node_id for a in by_rank[d * ring_size : (d + 1) * ring_size]})
-            for d in range(len(by_rank) // ring_size)]
+    return [
+        len({a.node_id for a in by_rank[d * ring_size : (d + 1) * ring_size]}) for d in range(len(by_rank) // ring_size)
+    ]
 
 
 def dist_backend(locations: Sequence[WorkerLocation]) -> str:

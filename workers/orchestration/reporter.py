@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import httpx
 
-from workers.reports import JobState, LogItem, MetricItem, MetricPoint, RankPlacement, ReportAck, StateItem
+from workers.protocol import JobState, LogItem, MetricItem, MetricPoint, RankPlacement, ReportAck, StateItem
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,16 @@ class Reporter:
     ) -> None:
         now = time.time()
         self._enqueue(
-            lambda s: StateItem(seq=s, state=state, reason=reason[:4000], time=now, placement=placement,
-                                resume_step=resume_step, error=error[:20000] if error else None, metadata=metadata),
+            lambda s: StateItem(
+                seq=s,
+                state=state,
+                reason=reason[:4000],
+                time=now,
+                placement=placement,
+                resume_step=resume_step,
+                error=error[:20000] if error else None,
+                metadata=metadata,
+            ),
             droppable=False,
         )
 
@@ -182,8 +190,12 @@ class Reporter:
                 bad = self._window.pop(0)
                 self._window = [it.model_copy(update={"seq": it.seq - 1}) for it in self._window]
                 self._next_seq -= 1
-                log.error("control plane refused report item %s (HTTP %d: %s); dropped it", bad.model_dump_json()[:300],
-                          resp.status_code, resp.text[:300])
+                log.error(
+                    "control plane refused report item %s (HTTP %d: %s); dropped it",
+                    bad.model_dump_json()[:300],
+                    resp.status_code,
+                    resp.text[:300],
+                )
         return True
 
     def _ack(self, acked: int, *, rebase: bool) -> None:
@@ -198,8 +210,9 @@ class Reporter:
             self.delivered += before - len(self._window)
             self.acked_seq = max(self.acked_seq, acked)
             if rebase and self._window and self._window[0].seq != acked + 1:
-                log.warning("server is at seq %d, our oldest unacked item is %d: renumbering", acked,
-                            self._window[0].seq)
+                log.warning(
+                    "server is at seq %d, our oldest unacked item is %d: renumbering", acked, self._window[0].seq
+                )
                 self._window = [it.model_copy(update={"seq": acked + 1 + i}) for i, it in enumerate(self._window)]
                 self._next_seq = acked + 1 + len(self._window)
             self._cond.notify_all()
