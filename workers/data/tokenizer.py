@@ -1,16 +1,53 @@
-"""Byte-level tokenizer: token id = UTF-8 byte, vocab 256. Nothing to download, nothing unknown."""
+"""Tokenizers: one small interface, byte-level for native models, the model's own for pretrained ones.
+
+Everything that turns text into training tokens or scores generated tokens (text corpora, passkey
+prompts and answers, evals) goes through `tokenizer_for(spec)`, so a pretrained model always sees
+the ids its embedding was trained on.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
 import torch
+
+if TYPE_CHECKING:
+    from workers.config import JobSpec
 
 VOCAB_SIZE = 256
 
 
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What training and evaluation need from a tokenizer.
+
+    `encode` never adds special tokens (BOS/EOS are the caller's decision); `eos_id` separates documents
+    in a packed corpus; `vocab_size` is the number of ids `encode` can return (≤ the model's vocabulary).
+    """
+
+    vocab_size: int
+    eos_id: int | None
+    bos_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str: ...
+
+    def encode_tensor(self, text: str) -> torch.Tensor: ...
+
+
 class ByteTokenizer:
-    """Text ↔ UTF-8 bytes. Decoding replaces invalid sequences (a model can emit any byte)."""
+    """Text ↔ UTF-8 bytes (id = byte). Decoding replaces invalid sequences (a model can emit any byte).
+
+    NUL (id 0) is the document separator, as in `workers.data.text`.
+    """
 
     vocab_size = VOCAB_SIZE
+    eos_id: int | None = 0
+    bos_id: int | None = None
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -18,7 +55,55 @@ class ByteTokenizer:
     def encode_tensor(self, text: str) -> torch.Tensor:
         return torch.tensor(self.encode(text), dtype=torch.long)
 
-    def decode(self, ids: list[int] | torch.Tensor) -> str:
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         return bytes(int(i) & 0xFF for i in ids).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer read from a local model directory (tokenizer.json / tokenizer_config.json).
+
+    Loaded through `transformers.AutoTokenizer` so the directory's own settings (special tokens, added
+    tokens, normalisers) apply exactly as they will after export; nothing is downloaded.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.path = str(path)
+        self._tok: Any = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        self.vocab_size: int = len(self._tok)
+        self.eos_id: int | None = self._tok.eos_token_id
+        self.bos_id: int | None = self._tok.bos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def encode_tensor(self, text: str) -> torch.Tensor:
+        return torch.tensor(self.encode(text), dtype=torch.long)
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return str(self._tok.decode(list(ids), skip_special_tokens=False))
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        """Write the tokenizer files next to an exported model."""
+        self._tok.save_pretrained(str(out_dir))
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(path: str) -> HFTokenizer:
+    """The tokenizer of a model directory, loaded once per process (data, evals and export share it)."""
+    return HFTokenizer(path)
+
+
+def tokenizer_for(spec: JobSpec) -> Tokenizer:
+    """The tokenizer a job's data and evals use: the model directory's for `model.kind: hf`, bytes otherwise."""
+    if getattr(spec.model, "kind", "native") == "hf":
+        return load_tokenizer(str(spec.model.path))  # type: ignore[union-attr]
+    return ByteTokenizer()
+
+
+__all__ = ["VOCAB_SIZE", "ByteTokenizer", "HFTokenizer", "Tokenizer", "load_tokenizer", "tokenizer_for"]
