@@ -1,7 +1,7 @@
-"""AdamW with linear warmup + cosine decay, and gradient clipping.
+"""AdamW with linear warmup + cosine decay (torch's `LambdaLR`), and gradient clipping (torch's `clip_grad_norm_`).
 
 After the gradient all-reduce every rank holds the same full gradient of the global loss, so the
-global norm is a purely local computation — no further communication needed to clip.
+global norm is a purely local computation: no further communication is needed to clip.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import math
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 from workers.config import TrainConfig
 
@@ -29,47 +30,29 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False)
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Learning rate for 0-based `step`: linear warmup to cfg.lr, then cosine to cfg.lr · min_lr_ratio."""
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of cfg.lr for 0-based `step`: linear warmup to 1, then cosine down to cfg.min_lr_ratio."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+        return (step + 1) / cfg.warmup_steps
     decay_steps = max(1, cfg.steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class Scheduler:
-    """Sets each group's lr from `lr_at`; its whole state is the step counter."""
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    return cfg.lr * lr_factor(step, cfg)
 
-    def __init__(self, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> None:
-        self.optimizer, self.cfg, self.step_count = optimizer, cfg, 0
 
-    def apply(self) -> float:
-        lr = lr_at(self.step_count, self.cfg)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
-
-    def step(self) -> None:
-        self.step_count += 1
-
-    def state_dict(self) -> dict:
-        return {"step_count": self.step_count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step_count = int(state["step_count"])
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> LambdaLR:
+    """Step k of training runs with lr_at(k); `scheduler.step()` after each optimizer step."""
+    return LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
 
 
 @torch.no_grad()
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     """Global L2 norm of the (already reduced) gradients, before clipping; clips in place if max_norm > 0."""
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [p for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-    if max_norm > 0:
-        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(scale.to(g.dtype))
-    return float(norm)
+    limit = max_norm if max_norm > 0 else math.inf
+    return float(torch.nn.utils.clip_grad_norm_(grads, limit, foreach=False))
