@@ -126,3 +126,59 @@ def subgroup_ring(rank: int, world: int) -> list[float]:
     out.backward(shard_sequence(dout, 1, "zigzag", mine))
     full = [unshard_sequence(x, 1, "zigzag", mine) for x in (out.detach(), *(t.grad for t in shards))]
     return [rel_err(a, b) for a, b in zip(full, (ref, qr.grad, kr.grad, vr.grad), strict=True)]
+
+
+def _err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative error; absolute where the reference is exactly zero (one-token documents: dq = dk = 0)."""
+    diff = (a.double() - ref.double()).norm().item()
+    norm = ref.double().norm().item()
+    return diff / norm if norm > 0 else diff
+
+
+def doc_ids(cu_seqlens: torch.Tensor, batch: int, s: int) -> torch.Tensor:
+    """[B, S] document id of every token, from global `cu_seqlens` (shared `[0..S]` or per-row `[0..B·S]`)."""
+    bounds = cu_seqlens.long()
+    flat = torch.arange(batch * s) if int(bounds[-1]) == batch * s else torch.arange(s).repeat(batch)
+    return (torch.searchsorted(bounds, flat, right=True) - 1).reshape(batch, s)
+
+
+def reference_doc_attention(q, k, v, causal, cu_seqlens, scale=None):  # type: ignore[no-untyped-def]
+    """Float64 softmax attention where a token sees only its own document (causally if `causal`)."""
+    b, s, h, d = q.shape
+    hk = k.shape[2]
+    scale = d**-0.5 if scale is None else scale
+    ids = doc_ids(cu_seqlens, b, s)
+    visible = ids[:, :, None] == ids[:, None, :]  # [B, Sq, Sk]
+    if causal:
+        visible &= torch.ones(s, s, dtype=torch.bool).tril()
+    qg = q.double().reshape(b, s, hk, h // hk, d)
+    scores = torch.einsum("bqkgd,bskd->bkgqs", qg, k.double()) * scale
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    return torch.einsum("bkgqs,bskd->bqkgd", p, v.double()).reshape(b, s, h, d)
+
+
+def doc_ring_vs_reference(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """Packed documents: ring forward+backward on the shards vs the float64 document-masked reference."""
+    results = []
+    for case in cases:
+        dtype = case["dtype"]
+        q, k, v, dout = make_inputs(case["seed"], case["b"], case["s"], case["h"], case["hk"], case["d"], dtype)
+        layout, causal = case["layout"], case["causal"]
+        cu = torch.tensor(case["cu_seqlens"], dtype=torch.int32)
+        qr, kr, vr = (t.detach().double().clone().requires_grad_() for t in (q, k, v))
+        ref = reference_doc_attention(qr, kr, vr, causal, cu)
+        ref.backward(dout.double())
+        shards = [shard_sequence(t, 1, layout).requires_grad_() for t in (q, k, v)]
+        out = ring_attention(*shards, causal=causal, layout=layout, cu_seqlens=cu)
+        out.backward(shard_sequence(dout, 1, layout))
+        full = [unshard_sequence(x, 1, layout) for x in (out.detach(), *(t.grad for t in shards))]
+        results.append(
+            {
+                "case": {k: (str(v) if k == "dtype" else v) for k, v in case.items()},
+                "errors": [_err(a, b) for a, b in zip(full, (ref, qr.grad, kr.grad, vr.grad), strict=True)],
+                "finite": all(bool(torch.isfinite(x).all()) for x in full),
+                "dtypes": [str(x.dtype) for x in full],
+            }
+        )
+    return results

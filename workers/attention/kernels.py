@@ -4,20 +4,27 @@ Tensors are [batch, seq, heads, head_dim]; `k`/`v` may have fewer heads (GQA). `
 ever requested for square blocks whose queries and keys share positions, so top-left vs bottom-right
 alignment of the different kernels never matters. The backward takes the *global* out and lse.
 
-Backends, chosen at run time by device and dtype (override: RINGTRAIN_ATTN_BACKEND):
-- ``flash_attn``: flash-attn 2 kernels (CUDA, fp16/bf16), when importable;
+Backends, chosen at run time by device, dtype and head_dim (override: RINGTRAIN_ATTN_BACKEND):
+- ``flash_attn``: flash-attn 2 kernels (CUDA, fp16/bf16), when `flash_attn.flash_attn_interface` imports;
 - ``torch_cuda_flash``: torch's CUDA flash-attention ops (fp16/bf16), GQA by expanding heads in-kernel;
 - ``torch_cpu_flash``: torch's CPU flash-attention op and its backward (any float dtype, GQA native);
-- ``torch_math``: exact matmul + logsumexp reference, any device/dtype (fallback, e.g. fp32 on CUDA).
+- ``torch_math``: exact matmul + logsumexp reference, any device/dtype: fp32 on CUDA, and the fallback
+  where flash kernels do not run (head_dim > 256, compute capability < 8.0).
+The CUDA flash wrappers pad head_dim to a multiple of 8 with zeros (exact: the scale is explicit, zero
+columns add nothing to q·k and produce zero output columns that are sliced off).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -97,6 +104,14 @@ class TorchMath:
         return s
 
     def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+        with torch.autocast(q.device.type, enabled=False):  # else einsum runs in bf16 under autocast
+            return self._forward(q, k, v, causal, scale)
+
+    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+        with torch.autocast(q.device.type, enabled=False):
+            return self._backward(dout, q, k, v, out, lse, causal, scale)
+
+    def _forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
         b, sq, h, _ = q.shape
         s = self._scores(q, k, causal, scale)
         lse = torch.logsumexp(s, dim=-1)  # [B, Hk, G, Sq]
@@ -104,7 +119,7 @@ class TorchMath:
         out = torch.einsum("bkgqs,bskd->bqkgd", p, v.to(s.dtype)).reshape(b, sq, h, -1)
         return out.to(q.dtype), lse.reshape(b, h, sq)
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def _backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
         b, sq, h, d = q.shape
         hk = k.shape[2]
         g = h // hk
@@ -130,6 +145,15 @@ def _fold_heads(dx: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return dx if h == kv_heads else dx.reshape(b, s, kv_heads, h // kv_heads, d).sum(3)
 
 
+FLASH_MAX_HEAD_DIM = 256
+
+
+def _pad8(x: torch.Tensor) -> torch.Tensor:
+    """Zero-pad the last dim to a multiple of 8 (flash kernels' requirement); contiguous either way."""
+    d = x.shape[-1]
+    return F.pad(x, (0, -d % 8)).contiguous() if d % 8 else x.contiguous()
+
+
 @dataclass(frozen=True)
 class TorchCudaFlash:
     """torch's own CUDA flash kernels (fp16/bf16). They lack GQA, so heads are expanded inside the block only."""
@@ -137,35 +161,60 @@ class TorchCudaFlash:
     name: str = "torch_cuda_flash"
 
     def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
-        h = q.shape[2]
+        h, d = q.shape[2], q.shape[3]
         res = torch.ops.aten._scaled_dot_product_flash_attention(
-            _bhsd(q), _bhsd(_expand_heads(k, h)), _bhsd(_expand_heads(v, h)), 0.0, causal, False, scale=scale
-        )
-        return _bhsd(res[0]), res[1]
-
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
-        h, hk = q.shape[2], k.shape[2]
-        sq, sk = q.shape[1], k.shape[1]
-        cum_q = torch.empty(0, dtype=torch.int32, device=q.device)
-        empty = torch.empty(0, dtype=torch.int64, device=q.device)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            _bhsd(dout).contiguous(),
-            _bhsd(q),
-            _bhsd(_expand_heads(k, h)),
-            _bhsd(_expand_heads(v, h)),
-            _bhsd(out),
-            lse.float().contiguous(),
-            cum_q,
-            cum_q,
-            sq,
-            sk,
+            _bhsd(_pad8(q)),
+            _bhsd(_pad8(_expand_heads(k, h))),
+            _bhsd(_pad8(_expand_heads(v, h))),
             0.0,
             causal,
-            empty,
-            empty,
+            False,
             scale=scale,
         )
-        return _bhsd(dq), _fold_heads(_bhsd(dk), hk), _fold_heads(_bhsd(dv), hk)
+        return _bhsd(res[0])[..., :d], res[1]
+
+    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+        h, hk, d = q.shape[2], k.shape[2], q.shape[3]
+        # Dense blocks: cum_seq_q/k must be None (a defined tensor, even empty, selects the varlen path);
+        # philox seed/offset are CPU int64 scalars, as the forward itself returns them without dropout.
+        no_rng = torch.empty((), dtype=torch.int64)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            _bhsd(_pad8(dout)),
+            _bhsd(_pad8(q)),
+            _bhsd(_pad8(_expand_heads(k, h))),
+            _bhsd(_pad8(_expand_heads(v, h))),
+            _bhsd(_pad8(out)),
+            lse.float().contiguous(),
+            None,
+            None,
+            q.shape[1],
+            k.shape[1],
+            0.0,
+            causal,
+            no_rng,
+            no_rng,
+            scale=scale,
+        )
+        dq, dk, dv = (_bhsd(x)[..., :d] for x in (dq, dk, dv))
+        return dq, _fold_heads(dk, hk), _fold_heads(dv, hk)
+
+
+@functools.cache
+def _flash_attn_api() -> tuple[Callable[..., Any], Callable[..., Any], bool] | None:
+    """(forward, backward, split_window) of flash-attn 2, or None. Probed once: `flash_attn` alone may be a
+    namespace package without FA2 (flash-attn-4 ships only `flash_attn.cute`), so import the interface
+    itself. flash-attn >= 2.7 takes window_size_left/right and returns 4 values from the forward; 2.6 takes
+    one window_size tuple and returns 8 (lse at index 5). Both are supported (pyproject floor: 2.6)."""
+    try:
+        from flash_attn.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
+    except Exception:
+        return None
+    params = inspect.signature(_flash_attn_forward).parameters
+    if "window_size_left" in params:
+        return _flash_attn_forward, _flash_attn_backward, True
+    if "window_size" in params and "softcap" in params:
+        return _flash_attn_forward, _flash_attn_backward, False
+    return None  # older than 2.6: no supported convention
 
 
 @dataclass(frozen=True)
@@ -175,52 +224,48 @@ class FlashAttn:
     name: str = "flash_attn"
 
     def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
-        from flash_attn.flash_attn_interface import _flash_attn_forward
-
-        res = _flash_attn_forward(
-            q.contiguous(), k.contiguous(), v.contiguous(), 0.0, scale, causal, -1, -1, 0.0, None, False
-        )
-        return res[0], res[1]
+        api = _flash_attn_api()
+        if api is None:
+            raise RuntimeError("flash-attn >= 2.6 is not importable (flash_attn.flash_attn_interface)")
+        fwd, _, split_window = api
+        d = q.shape[3]
+        window = (-1, -1) if split_window else ((-1, -1),)
+        res = fwd(_pad8(q), _pad8(k), _pad8(v), 0.0, scale, causal, *window, 0.0, None, False)
+        out, lse = (res[0], res[1]) if split_window else (res[0], res[5])
+        return out[..., :d], lse
 
     def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
-        from flash_attn.flash_attn_interface import _flash_attn_backward
-
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _flash_attn_backward(
-            dout.contiguous(),
-            q.contiguous(),
-            k.contiguous(),
-            v.contiguous(),
-            out.contiguous(),
-            lse.float().contiguous(),
-            dq,
-            dk,
-            dv,
-            0.0,
-            scale,
-            causal,
-            -1,
-            -1,
-            0.0,
-            None,
-            False,
-            None,
-        )
-        return dq, dk, dv
+        api = _flash_attn_api()
+        if api is None:
+            raise RuntimeError("flash-attn >= 2.6 is not importable (flash_attn.flash_attn_interface)")
+        _, bwd, split_window = api
+        d = q.shape[3]
+        qp, kp, vp = _pad8(q), _pad8(k), _pad8(v)
+        dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
+        window = (-1, -1) if split_window else ((-1, -1),)
+        bwd(
+            _pad8(dout), qp, kp, vp, _pad8(out), lse.float().contiguous(), dq, dk, dv,
+            0.0, scale, causal, *window, 0.0, None, False, None,
+        )  # fmt: skip
+        return dq[..., :d], dk[..., :d], dv[..., :d]
 
 
 _BACKENDS: dict[str, BlockKernel] = {k.name: k for k in (TorchCpuFlash(), TorchMath(), TorchCudaFlash(), FlashAttn())}
+CUDA_BACKENDS = ("flash_attn", "torch_cuda_flash", "torch_math")
 
 
-def _flash_attn_available() -> bool:
-    try:
-        import flash_attn  # noqa: F401
-    except Exception:
+def flash_attn_available() -> bool:
+    return _flash_attn_api() is not None
+
+
+def _flash_runs(device: torch.device, head_dim: int | None) -> bool:
+    """Flash kernels need head_dim <= 256 (after padding to 8) and compute capability >= 8.0."""
+    if head_dim is not None and head_dim > FLASH_MAX_HEAD_DIM:
         return False
-    return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def select_kernel(device: torch.device, dtype: torch.dtype) -> BlockKernel:
+def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> BlockKernel:
     """The block kernel used for tensors on `device` of `dtype` (see module docstring)."""
     forced = os.environ.get("RINGTRAIN_ATTN_BACKEND", "").strip()
     if forced:
@@ -229,11 +274,13 @@ def select_kernel(device: torch.device, dtype: torch.dtype) -> BlockKernel:
         return _BACKENDS[forced]
     if device.type == "cpu":
         return _BACKENDS["torch_cpu_flash"]
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        return _BACKENDS["flash_attn" if _flash_attn_available() else "torch_cuda_flash"]
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _flash_runs(device, head_dim):
+        return _BACKENDS["flash_attn" if flash_attn_available() else "torch_cuda_flash"]
     return _BACKENDS["torch_math"]
 
 
-def attention_backend(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> str:
-    """Name of the block kernel ring attention uses on this device/dtype (reported in job metadata)."""
-    return select_kernel(torch.device(device), dtype).name
+def attention_backend(
+    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, head_dim: int | None = None
+) -> str:
+    """Name of the block kernel ring attention uses on this device/dtype/head_dim (reported in job metadata)."""
+    return select_kernel(torch.device(device), dtype, head_dim).name

@@ -2,14 +2,15 @@
 
 (out_a, lse_a) and (out_b, lse_b) are attention of the same queries over two disjoint key sets.
 Their union is  lse = log(e^lse_a + e^lse_b)  and  out = w_a·out_a + w_b·out_b  with
-w_b = sigmoid(lse_b - lse_a). Written with logsigmoid/sigmoid so it never overflows, however far
-apart the two log-sum-exps are. Both inputs must be finite: never merge a fully-masked block.
+w_b = sigmoid(lse_b - lse_a). Written with sigmoid/logaddexp so it never overflows, however far
+apart the two log-sum-exps are. The running side may be empty (out = 0, lse = −inf: rows no block has
+reached yet, as with packed documents); the block side must be finite: never merge a fully-masked block
+(CPU kernels report lse = 0 for rows without a visible key, not −inf).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
@@ -21,4 +22,4 @@ def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
     block_lse = block_lse.to(lse.dtype)
     weight_b = torch.sigmoid(block_lse - lse).transpose(1, 2).unsqueeze(-1)  # [B, S, H, 1]
     out.sub_(weight_b * (out - block_out.to(out.dtype)))
-    lse.sub_(F.logsigmoid(lse - block_lse))
+    lse.copy_(torch.logaddexp(lse, block_lse))

@@ -15,29 +15,36 @@ from workers.attention.comm import RingComm
 from workers.attention.kernels import select_kernel
 from workers.attention.layouts import _rank_world, check_layout
 from workers.attention.merge import merge_
-from workers.attention.plan import block_for_step
+from workers.attention.plan import ALL_ROWS, Block, Documents, ring_plan
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _forward(q, k, v, causal, layout, comm, rank, world, scale, kernel, overlap):  # type: ignore[no-untyped-def]
+def _covers_all(block: Block, n: int) -> bool:
+    return block.rows == ALL_ROWS and block.q == slice(0, n)
+
+
+def _forward(q, k, v, plan, comm, world, scale, kernel, overlap):  # type: ignore[no-untyped-def]
     acc = _acc_dtype(q.dtype)
-    n = q.shape[1]
+    b, n, h, _ = q.shape
     kv = torch.stack([k, v])
     out = lse = None
     for step in range(world):
         last = step + 1 == world
         if overlap and not last:
             comm.send_recv(kv)
-        block = block_for_step(layout, causal, rank, (rank - step) % world, n)
-        if block is not None:
-            b_out, b_lse = kernel.forward(q[:, block.q], kv[0][:, block.kv], kv[1][:, block.kv], block.causal, scale)
-            if out is None:  # step 0: the diagonal block, which covers every query row
+        for blk in plan[step]:
+            r = blk.rows
+            b_out, b_lse = kernel.forward(q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], blk.causal, scale)
+            if out is None and _covers_all(blk, n):  # dense step 0: the diagonal block covers every row
                 out, lse = b_out.to(acc), b_lse.to(acc).contiguous()
-            else:
-                merge_(out[:, block.q], lse[:, :, block.q], b_out, b_lse)
+                continue
+            if out is None:  # packed documents: rows start empty and fill block by block
+                out = torch.zeros(q.shape, dtype=acc, device=q.device)
+                lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
+            merge_(out[r, blk.q], lse[r, :, blk.q], b_out, b_lse)
         if not last:
             if not overlap:
                 comm.send_recv(kv)
@@ -45,9 +52,8 @@ def _forward(q, k, v, causal, layout, comm, rank, world, scale, kernel, overlap)
     return out, lse
 
 
-def _backward(dout, q, k, v, out, lse, causal, layout, group, rank, world, scale, kernel):  # type: ignore[no-untyped-def]
+def _backward(dout, q, k, v, out, lse, plan, group, world, scale, kernel):  # type: ignore[no-untyped-def]
     acc = _acc_dtype(q.dtype)
-    n = q.shape[1]
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv = torch.stack([k, v])
     kv_comm = RingComm(group) if world > 1 else None
@@ -56,25 +62,26 @@ def _backward(dout, q, k, v, out, lse, causal, layout, group, rank, world, scale
         last = step + 1 == world
         if not last:
             kv_comm.send_recv(kv)
-        block = block_for_step(layout, causal, rank, (rank - step) % world, n)
-        grads = None
-        if block is not None:
-            grads = kernel.backward(
-                dout[:, block.q],
-                q[:, block.q],
-                kv[0][:, block.kv],
-                kv[1][:, block.kv],
-                out[:, block.q],
-                lse[:, :, block.q],
-                block.causal,
+        grads = []
+        for blk in plan[step]:
+            r = blk.rows
+            g = kernel.backward(
+                dout[r, blk.q],
+                q[r, blk.q],
+                kv[0][r, blk.kv],
+                kv[1][r, blk.kv],
+                out[r, blk.q],
+                lse[r, :, blk.q],
+                blk.causal,
                 scale,
             )
-            dq[:, block.q] += grads[0]
+            dq[r, blk.q] += g[0]
+            grads.append((blk, g))
         # The dkv that arrived meanwhile belongs to the K/V block we hold now: add our part, pass it on.
         dkv = dkv_comm.wait() if step > 0 else torch.zeros(kv.shape, dtype=acc, device=q.device)
-        if grads is not None:
-            dkv[0][:, block.kv] += grads[1]
-            dkv[1][:, block.kv] += grads[2]
+        for blk, g in grads:
+            dkv[0][blk.rows, blk.kv] += g[1]
+            dkv[1][blk.rows, blk.kv] += g[2]
         if world > 1:
             dkv_comm.send_recv(dkv)
         if not last:
@@ -86,21 +93,22 @@ def _backward(dout, q, k, v, out, lse, causal, layout, group, rank, world, scale
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, group, scale, overlap):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, q, k, v, causal, layout, group, scale, overlap, docs):  # type: ignore[no-untyped-def, override]
         rank, world = _rank_world(group)
-        kernel = select_kernel(q.device, q.dtype)
+        kernel = select_kernel(q.device, q.dtype, q.shape[-1])
         comm = RingComm(group) if world > 1 else None
-        out, lse = _forward(q, k, v, causal, layout, comm, rank, world, scale, kernel, overlap)
+        plan = ring_plan(layout, causal, rank, world, q.shape[1], docs)
+        out, lse = _forward(q, k, v, plan, comm, world, scale, kernel, overlap)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (causal, layout, group, rank, world, scale, kernel)
+        ctx.args = (plan, group, world, scale, kernel)
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[no-untyped-def, override]
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(dout, q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) -> None:
@@ -128,6 +136,53 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) ->
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
 
 
+def documents(cu_seqlens: torch.Tensor | None, batch: int, seq_len: int) -> Documents | None:
+    """Validate `cu_seqlens` (global document boundaries) and group batch rows that share them.
+
+    Two forms: `[0, l1, l1+l2, …, S]` (every batch row holds the same documents), or flash-attn's varlen
+    convention over the flattened batch, `[0, …, S, …, 2S, …, B·S]` (each row its own documents; every
+    multiple of S must be a boundary, since a document never crosses rows).
+    """
+    if cu_seqlens is None:
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise ValueError(f"cu_seqlens must be int32 (flash-attn's convention), got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens must be 1-D [0, …, S] with at least 2 entries, got shape {tuple(cu_seqlens.shape)}"
+        )
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {bounds[0]}")
+    drops = [i for i in range(1, len(bounds)) if bounds[i] < bounds[i - 1]]
+    if drops:
+        i = drops[0]
+        raise ValueError(
+            f"cu_seqlens must be non-decreasing; cu_seqlens[{i}]={bounds[i]} < cu_seqlens[{i - 1}]={bounds[i - 1]}"
+        )
+    if bounds[-1] == seq_len:
+        return Documents(((0, batch, tuple(bounds)),))
+    if bounds[-1] != batch * seq_len:
+        extra = f" or batch × S = {batch * seq_len} (one set of documents per row)" if batch > 1 else ""
+        raise ValueError(f"cu_seqlens must end at the global sequence length S = {seq_len}{extra}, got {bounds[-1]}")
+    present = set(bounds)
+    rows = []
+    for row in range(batch):
+        lo, hi = row * seq_len, (row + 1) * seq_len
+        if lo not in present:
+            raise ValueError(f"cu_seqlens lacks the row boundary {lo}: a document may not cross batch rows")
+        rows.append(tuple(sorted({b - lo for b in bounds if lo <= b <= hi})))
+    groups: list[tuple[int, int, tuple[int, ...]]] = []
+    for row, bnd in enumerate(rows):
+        if groups and groups[-1][2] == bnd:
+            groups[-1] = (groups[-1][0], row + 1, bnd)
+        else:
+            groups.append((row, row + 1, bnd))
+    return Documents(tuple(groups))
+
+
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -137,14 +192,18 @@ def ring_attention(
     layout: str = "zigzag",
     group: dist.ProcessGroup | None = None,
     softmax_scale: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention of this rank's queries over the whole (sharded) sequence.
 
     q: [batch, seq_local, heads, head_dim]; k, v: [batch, seq_local, kv_heads, head_dim] with
     heads % kv_heads == 0. `layout` names how the global sequence was split (see `shard_sequence`).
-    Returns [batch, seq_local, heads, head_dim] in q's dtype; differentiable.
+    `cu_seqlens` (int32, global boundaries, identical on every rank; see `documents`) restricts each
+    token to its own packed document. Returns [batch, seq_local, heads, head_dim] in q's dtype; differentiable.
     """
-    return _ring_attention(q, k, v, causal=causal, layout=layout, group=group, softmax_scale=softmax_scale)
+    return _ring_attention(
+        q, k, v, causal=causal, layout=layout, group=group, softmax_scale=softmax_scale, cu_seqlens=cu_seqlens
+    )
 
 
 def _ring_attention(
@@ -156,9 +215,12 @@ def _ring_attention(
     layout: str = "zigzag",
     group: dist.ProcessGroup | None = None,
     softmax_scale: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
     overlap: bool = True,
 ) -> torch.Tensor:
     """`ring_attention` with the overlap switch exposed (the benchmark measures what overlap hides)."""
     _validate(q, k, v, layout)
+    _, world = _rank_world(group)
+    docs = documents(cu_seqlens, q.shape[0], q.shape[1] * world)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return _RingAttention.apply(q, k, v, causal, layout, group, float(scale), overlap)
+    return _RingAttention.apply(q, k, v, causal, layout, group, float(scale), overlap, docs)
