@@ -1,20 +1,51 @@
-"""API response schemas (separate from the storage models in `service.models`)."""
+"""API response schemas, derived from the storage rows (`service.models`) and the service's dataclasses.
+
+Models that describe a stored row validate straight from it (`from_attributes`), so a field is named once in
+each layer and nothing copies it across by hand; the planner's and launcher's dataclasses are used as they
+are. Fields whose API name differs from the column (`from`/`to`, `metadata`, `latest_metrics`) say so with
+aliases, which also accept the API name: the Python client validates the same models from JSON.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import pydantic
+from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
-from service.models import Job, LogLine, MetricPointRow, Transition
+from service.launcher import NodeInfo
+from service.models import Job, Transition
 from service.planner import Plan
 from workers.protocol import JobState
 
 
-def _dt(t: float | None) -> datetime | None:
-    return None if t is None else datetime.fromtimestamp(t, tz=UTC)
+def _from_unix(t: object) -> object:
+    """Stored times are unix seconds; the API shows them as UTC datetimes (ISO text from JSON passes through)."""
+    return datetime.fromtimestamp(t, tz=UTC) if isinstance(t, int | float) else t
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _none_as_empty_dict(v: object) -> object:
+    """Nullable JSON columns read as empty collections (the API never says null for them)."""
+    return {} if v is None else v
+
+
+def _none_as_empty_list(v: object) -> object:
+    return [] if v is None else v
+
+
+UnixTime = Annotated[datetime, BeforeValidator(_from_unix)]
+FiniteOrNull = Annotated[float | None, AfterValidator(_finite)]
+
+
+class _FromRow(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
 
 
 class ErrorInfo(BaseModel):
@@ -36,26 +67,15 @@ class Placement(BaseModel):
     ring: int = 0
 
 
-class TransitionOut(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
-
+class TransitionOut(_FromRow):
     seq: int
     time: float = Field(description="unix seconds")
-    from_state: JobState | None = Field(None, alias="from")
-    to_state: JobState = Field(alias="to")
+    from_state: JobState | None = Field(
+        None, validation_alias=AliasChoices("from_state", "from"), serialization_alias="from"
+    )
+    to_state: JobState = Field(validation_alias=AliasChoices("to_state", "to"), serialization_alias="to")
     reason: str
     resume_step: int | None = None
-
-    @classmethod
-    def of(cls, t: Transition) -> TransitionOut:
-        return cls(
-            seq=t.seq,
-            time=t.time,
-            from_state=t.from_state,
-            to_state=t.to_state,
-            reason=t.reason,
-            resume_step=t.resume_step,
-        )
 
 
 class LatestMetric(BaseModel):
@@ -65,48 +85,39 @@ class LatestMetric(BaseModel):
     time: float
 
 
-class JobOut(BaseModel):
+class JobOut(_FromRow):
+    """A job row (`service.models.Job`), plus its transitions when the route reads them."""
+
     id: str
     name: str
     owner: str
     state: JobState
     spec: dict[str, Any]
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None = None
+    created_at: UnixTime
+    updated_at: UnixTime
+    finished_at: UnixTime | None = None
     step: int
     total_steps: int
-    placement: list[Placement]
+    placement: Annotated[list[Placement], BeforeValidator(_none_as_empty_list)]
     error: str | None
     restarts: int
     cancel_requested: bool
     submission_id: str | None
-    metadata: dict[str, Any] = {}
-    latest_metrics: dict[str, LatestMetric] = {}
+    metadata: Annotated[dict[str, Any], BeforeValidator(_none_as_empty_dict)] = Field(
+        {}, validation_alias=AliasChoices("meta", "metadata")
+    )
+    latest_metrics: Annotated[dict[str, LatestMetric], BeforeValidator(_none_as_empty_dict)] = Field(
+        {}, validation_alias=AliasChoices("latest", "latest_metrics")
+    )
     transitions: list[TransitionOut] | None = None
 
     @classmethod
-    def of(cls, job: Job, transitions: list[Transition] | None = None) -> JobOut:
-        return cls(
-            id=job.id,
-            name=job.name,
-            owner=job.owner,
-            state=job.state,
-            spec=job.spec,
-            created_at=_dt(job.created_at),
-            updated_at=_dt(job.updated_at),
-            finished_at=_dt(job.finished_at),
-            step=job.step,
-            total_steps=job.total_steps,
-            placement=[Placement.model_validate(p) for p in (job.placement or [])],
-            error=job.error,
-            restarts=job.restarts,
-            cancel_requested=job.cancel_requested,
-            submission_id=job.submission_id,
-            metadata=job.meta or {},
-            latest_metrics={k: LatestMetric.model_validate(v) for k, v in (job.latest or {}).items()},
-            transitions=None if transitions is None else [TransitionOut.of(t) for t in transitions],
-        )
+    def of(cls, job: Job, transitions: Sequence[Transition] | None = None) -> JobOut:
+        """The job row, with `transitions` (rows) when given; the row itself has no relationship to load them."""
+        out = cls.model_validate(job)
+        if transitions is not None:
+            out.transitions = [TransitionOut.model_validate(t) for t in transitions]
+        return out
 
 
 class JobList(BaseModel):
@@ -116,18 +127,13 @@ class JobList(BaseModel):
     offset: int
 
 
-class MetricOut(BaseModel):
+class MetricOut(_FromRow):
     seq: int
     step: int
     name: str
-    value: float | None = Field(description="null when the measured value was NaN or infinite")
+    value: FiniteOrNull = Field(description="null when the measured value was NaN or infinite")
     rank: int | None = None
     time: float
-
-    @classmethod
-    def of(cls, p: MetricPointRow) -> MetricOut:
-        v = p.value if p.value is not None and math.isfinite(p.value) else None
-        return cls(seq=p.seq, step=p.step, name=p.name, value=v, rank=p.rank, time=p.time)
 
 
 class MetricPage(BaseModel):
@@ -137,15 +143,11 @@ class MetricPage(BaseModel):
     has_more: bool
 
 
-class LogOut(BaseModel):
+class LogOut(_FromRow):
     seq: int
     time: float
     source: str
     line: str
-
-    @classmethod
-    def of(cls, r: LogLine) -> LogOut:
-        return cls(seq=r.seq, time=r.time, source=r.source, line=r.line)
 
 
 class LogPage(BaseModel):
@@ -156,60 +158,22 @@ class LogPage(BaseModel):
     driver_log: str | None = Field(None, description="tail of Ray's driver log, when the cluster has it")
 
 
-class NodeOut(BaseModel):
-    node_id: str
-    ip: str
-    alive: bool
-    cpus_total: float
-    cpus_free: float
-    gpus_total: float
-    gpus_free: float
-
-
 class ClusterOut(BaseModel):
-    nodes: list[NodeOut]
+    nodes: list[NodeInfo]
     cpus_total: float
     cpus_free: float
     gpus_total: float
     gpus_free: float
 
 
-class RankSlotOut(BaseModel):
-    rank: int
-    ring: int
-    node_id: str
-    device: str
+@pydantic.dataclasses.dataclass(kw_only=True)
+class PlanOut(Plan):
+    """The planner's `Plan`, plus whether the spec can run at all and the spec as validated."""
 
-
-class PlanOut(BaseModel):
     valid: bool = Field(description="the spec is valid and the cluster can ever hold it")
-    fits: bool
     spec: dict[str, Any]
-    accelerator: str
-    strategy: str
-    world_size: int
-    bundle: dict[str, float]
-    placement: list[RankSlotOut]
-    nodes_used: int
-    node_crossings: int
-    memory: dict[str, Any]
-    warnings: list[str]
     cluster_error: str | None = None
 
     @classmethod
     def of(cls, spec: dict[str, Any], p: Plan, cluster_error: str | None = None) -> PlanOut:
-        return cls(
-            valid=p.fits or cluster_error is not None,
-            fits=p.fits,
-            spec=spec,
-            accelerator=p.accelerator,
-            strategy=p.strategy,
-            world_size=p.world_size,
-            bundle=p.bundle,
-            placement=[RankSlotOut(**vars(s)) for s in p.placement],
-            nodes_used=p.nodes_used,
-            node_crossings=p.node_crossings,
-            memory=p.memory,
-            warnings=p.warnings,
-            cluster_error=cluster_error,
-        )
+        return cls(**vars(p), valid=p.fits or cluster_error is not None, spec=spec, cluster_error=cluster_error)

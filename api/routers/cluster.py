@@ -8,7 +8,7 @@ from api.body import check_data_path, parse_spec
 from api.deps import Ctx, Owner
 from api.errors import ApiError
 from api.routers.jobs import ERRORS, SPEC_BODY
-from api.schemas import ClusterOut, ErrorResponse, NodeOut, PlanOut
+from api.schemas import ClusterOut, ErrorResponse, PlanOut
 from service.launcher import ClusterInfo
 from service.planner import plan
 
@@ -49,10 +49,9 @@ async def get_cluster(ctx: Ctx, owner: Owner) -> ClusterOut:
             f"the Ray cluster is unreachable ({type(e).__name__}: {e}); check RINGTRAIN_RAY_ADDRESS",
             code="ray_unavailable",
         ) from e
-    nodes = [NodeOut(**vars(n)) for n in c.nodes]
     alive = [n for n in c.nodes if n.alive]
     return ClusterOut(
-        nodes=nodes,
+        nodes=c.nodes,
         cpus_total=sum(n.cpus_total for n in alive),
         cpus_free=sum(n.cpus_free for n in alive),
         gpus_total=sum(n.gpus_total for n in alive),

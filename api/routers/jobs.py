@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
@@ -20,7 +20,11 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="job id")]
 Seq = Annotated[int, Query(ge=0, le=2**62, description="only entries with seq greater than this")]
-ERRORS = {401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 422: {"model": ErrorResponse}}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse},
+    404: {"model": ErrorResponse},
+    422: {"model": ErrorResponse},
+}
 SPEC_BODY = {"x-jobspec-body": True}
 
 
@@ -101,7 +105,10 @@ def job_metrics(
     more = len(rows) > limit
     rows = rows[:limit]
     return MetricPage(
-        job_id=job_id, points=[MetricOut.of(p) for p in rows], next_after=rows[-1].seq if rows else after, has_more=more
+        job_id=job_id,
+        points=[MetricOut.model_validate(p) for p in rows],
+        next_after=rows[-1].seq if rows else after,
+        has_more=more,
     )
 
 
@@ -129,7 +136,7 @@ async def job_logs(
             driver_log = None
     return LogPage(
         job_id=job_id,
-        lines=[LogOut.of(r) for r in rows],
+        lines=[LogOut.model_validate(r) for r in rows],
         next_after=rows[-1].seq if rows else after,
         has_more=more,
         driver_log=driver_log,
