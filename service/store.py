@@ -26,8 +26,6 @@ from service.models import Job, LogLine, MetricPointRow, Transition
 from workers.config import JobSpec
 from workers.protocol import JobState, LogItem, MetricItem, ReportItem, StateItem
 
-_METRIC_KEYS = ("seq", "step", "name", "value", "rank", "time")
-
 
 class StoreError(RuntimeError):
     """The database could not be reached or refused the write (→ 503)."""
@@ -52,6 +50,16 @@ class Event:
     seq: int
     kind: str
     data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric series (a name, and a rank for per-rank metrics) in seq order; NaN/inf were stored as None."""
+
+    name: str
+    rank: int | None
+    steps: list[int]
+    values: list[float | None]
 
 
 @dataclass
@@ -366,28 +374,35 @@ class Store:
                     s.execute(insert(MetricPointRow), pending)
                     pending.clear()
 
+            held = self._held_keys(s, job_id, [it for it in fresh if isinstance(it, MetricItem) and it.replay])
             for it in fresh:
                 if it.seq == res.acked_seq:  # duplicate inside the batch
                     continue
                 if it.seq != res.acked_seq + 1:
                     res.applied_to = res.acked_seq
                     break
+                if isinstance(it, MetricItem) and held is not None:
+                    key = (it.step, it.name, it.rank)
+                    if it.replay and key in held:  # a re-sent point the store already holds: acknowledged, skipped
+                        res.acked_seq = it.seq
+                        continue
+                    held.add(key)
                 if isinstance(it, MetricItem):
-                    row = {
-                        "job_id": job_id,
-                        "seq": self._next_seq(job),
+                    seq, value = self._next_seq(job), finite(it.value)
+                    point = {
+                        "seq": seq,
                         "step": it.step,
                         "name": it.name,
-                        "value": finite(it.value),
+                        "value": value,
                         "rank": it.rank,
                         "time": it.time,
                     }
-                    pending.append(row)
-                    events.append(Event(row["seq"], "metric", {k: row[k] for k in _METRIC_KEYS}))
+                    pending.append({"job_id": job_id, **point})
+                    events.append(Event(seq, "metric", point))
                     res.points += 1
                     job.step = it.step
                     if it.rank is None:
-                        latest[it.name] = {"step": it.step, "value": row["value"], "seq": row["seq"], "time": it.time}
+                        latest[it.name] = {"step": it.step, "value": value, "seq": seq, "time": it.time}
                 elif isinstance(it, LogItem):
                     r = LogLine(job_id=job_id, seq=self._next_seq(job), time=it.time, source=it.source, line=it.line)
                     s.add(r)
@@ -462,6 +477,19 @@ class Store:
         return latest
 
     @staticmethod
+    def _held_keys(s: Session, job_id: str, replays: Sequence[MetricItem]) -> set[tuple[int, str, int | None]] | None:
+        """(step, name, rank) of the stored points in the replayed steps' range; None when nothing is replayed."""
+        if not replays:
+            return None
+        lo, hi = min(it.step for it in replays), max(it.step for it in replays)
+        rows = s.execute(
+            select(MetricPointRow.step, MetricPointRow.name, MetricPointRow.rank).where(
+                MetricPointRow.job_id == job_id, MetricPointRow.step >= lo, MetricPointRow.step <= hi
+            )
+        )
+        return {(int(step), str(name), rank) for step, name, rank in rows}
+
+    @staticmethod
     def _recompute_latest(s: Session, job_id: str) -> dict[str, Any]:
         sub = (
             select(MetricPointRow.name, func.max(MetricPointRow.seq).label("seq"))
@@ -476,9 +504,10 @@ class Store:
         )
         return {p.name: {"step": p.step, "value": finite(p.value), "seq": p.seq, "time": p.time} for p in rows}
 
-    def points_through(self, job_id: str, world_size: int) -> int:
-        """N such that the points of steps 1..N are all stored: the global ones and each rank's own (every rank
-        emits one per step). A resubmitted driver resumes no later, so nothing its predecessor lost stays missing."""
+    def delivered_through(self, job_id: str, world_size: int) -> int:
+        """N such that every point of steps 1..N is stored: the global series and each rank's own (every rank emits
+        one per step), less one because the newest stored step of a series may have arrived only in part. A
+        resubmitted driver replays the points after N from its ranks' journals; the store skips those it holds."""
         with self._read() as s:
             rows = s.execute(
                 select(MetricPointRow.rank, func.max(MetricPointRow.step))
@@ -486,7 +515,7 @@ class Store:
                 .group_by(MetricPointRow.rank)
             ).all()
         newest = {rank: int(step) for rank, step in rows}
-        return min([newest.get(None, 0), *(newest.get(r, 0) for r in range(world_size))])
+        return max(0, min([newest.get(None, 0), *(newest.get(r, 0) for r in range(world_size))]) - 1)
 
     # ---- reads of the event stream --------------------------------------------------------------
     def metrics(
@@ -502,6 +531,27 @@ class Store:
         q = select(LogLine).where(LogLine.job_id == job_id, LogLine.seq > after).order_by(LogLine.seq).limit(limit)
         with self._read() as s:
             return list(s.scalars(q))
+
+    def metric_series(self, job_id: str, through: int) -> list[Series]:
+        """Every metric series of the job as of event seq `through`, ordered by name then rank."""
+        M = MetricPointRow
+        upto = (M.job_id == job_id, M.seq <= through)
+        with self._read() as s:
+            keys = s.execute(select(M.name, M.rank).where(*upto).group_by(M.name, M.rank).order_by(M.name, M.rank))
+            out = []
+            for name, rank in keys.all():
+                same_rank = M.rank.is_(None) if rank is None else M.rank == rank
+                rows = s.execute(select(M.step, M.value).where(*upto, M.name == name, same_rank).order_by(M.seq)).all()
+                out.append(Series(name, rank, [r.step for r in rows], [r.value for r in rows]))
+            return out
+
+    def log_tail(self, job_id: str, through: int, n: int) -> list[LogLine]:
+        """The last `n` log lines with seq ≤ `through`, oldest first."""
+        if n <= 0:
+            return []
+        q = select(LogLine).where(LogLine.job_id == job_id, LogLine.seq <= through).order_by(LogLine.seq.desc())
+        with self._read() as s:
+            return list(reversed(s.scalars(q.limit(n)).all()))
 
     def events_after(self, job_id: str, after: int, limit: int = 1000) -> list[Event]:
         """Stored events with seq > after, in seq order (at most `limit`)."""

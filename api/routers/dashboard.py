@@ -18,12 +18,10 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
 
 from api.deps import AppContext, Ctx, Owner
 from api.routers.jobs import ERRORS, JobId
 from api.schemas import JobOut, LogOut
-from service.models import LogLine, MetricPointRow
 
 router = APIRouter(prefix="/v1/jobs", tags=["dashboard"])
 
@@ -74,49 +72,20 @@ def decimate(steps: Any, values: Any, max_points: int) -> tuple[list[int], list[
 def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: int) -> SeriesSnapshot:
     store = ctx.store
     job = store.get_job(job_id, owner)
-    last = int(job.next_event_seq) - 1
-    M = MetricPointRow
+    last = job.next_event_seq - 1
     series: list[SeriesOut] = []
-    with store.engine.connect() as conn:
-        keys = conn.execute(
-            select(M.name, M.rank, func.count())
-            .where(M.job_id == job_id, M.seq <= last)
-            .group_by(M.name, M.rank)
-            .order_by(M.name, M.rank)
-        ).all()
-        for name, rank, count in keys:
-            rows = conn.execute(
-                select(M.step, M.value)
-                .where(
-                    M.job_id == job_id,
-                    M.name == name,
-                    M.rank.is_(None) if rank is None else M.rank == rank,
-                    M.seq <= last,
-                )
-                .order_by(M.seq)
-            ).all()
-            steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-            values = np.fromiter((np.nan if r[1] is None else r[1] for r in rows), dtype=np.float64, count=len(rows))
-            values[~np.isfinite(values)] = np.nan
-            if len(steps) > 1 and (np.diff(steps) < 0).any():  # steps out of seq order: sort by step, stable
-                order = np.argsort(steps, kind="stable")
-                steps, values = steps[order], values[order]
-            s, v = decimate(steps, values, max_points)
-            series.append(
-                SeriesOut(name=name, rank=rank, count=int(count), downsampled=len(s) < count, step=s, value=v)
-            )
-        log_rows = (
-            conn.execute(
-                select(LogLine.seq, LogLine.time, LogLine.source, LogLine.line)
-                .where(LogLine.job_id == job_id, LogLine.seq <= last)
-                .order_by(LogLine.seq.desc())
-                .limit(n_logs)
-            ).all()
-            if n_logs
-            else []
-        )
+    for sr in store.metric_series(job_id, through=last):
+        steps = np.asarray(sr.steps, dtype=np.int64)
+        values = np.asarray([np.nan if v is None else v for v in sr.values], dtype=np.float64)
+        values[~np.isfinite(values)] = np.nan
+        if len(steps) > 1 and (np.diff(steps) < 0).any():  # steps out of seq order: sort by step, stable
+            order = np.argsort(steps, kind="stable")
+            steps, values = steps[order], values[order]
+        s, v = decimate(steps, values, max_points)
+        count = len(sr.steps)
+        series.append(SeriesOut(name=sr.name, rank=sr.rank, count=count, downsampled=len(s) < count, step=s, value=v))
     transitions = [t for t in store.transitions(job_id) if t.seq <= last]
-    logs = [LogOut(seq=r.seq, time=r.time, source=r.source, line=r.line) for r in reversed(log_rows)]
+    logs = [LogOut.model_validate(r) for r in store.log_tail(job_id, through=last, n=n_logs)]
     return SeriesSnapshot(
         job=JobOut.of(job, transitions), last_seq=last, max_points=max_points, series=series, logs=logs
     )
