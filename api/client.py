@@ -14,15 +14,20 @@ Errors raise `ApiError` with the server's `code`, `message` and offending `field
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import ServerSentEvent, connect_sse
+from httpx_sse._decoders import SSEDecoder  # the decoder EventSource uses; parse_sse feeds it lines
+from pydantic import TypeAdapter
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from api.schemas import ClusterOut, JobList, JobOut, LogPage, MetricOut, MetricPage, PlanOut
 from service.settings import DEFAULT_TOKEN_FILE, read_token_file
@@ -141,7 +146,7 @@ class Client:
 
     def plan(self, spec: str | Path | dict[str, Any] | JobSpec) -> PlanOut:
         body, ctype = spec_body(spec)
-        return PlanOut.model_validate(
+        return TypeAdapter(PlanOut).validate_python(
             self._check(self.http.post("/v1/plan", content=body, headers={"Content-Type": ctype}))
         )
 
@@ -175,10 +180,12 @@ class Client:
         return ClusterOut.model_validate(self._get("/v1/cluster"))
 
     def health(self) -> dict[str, Any]:
-        return self._get("/healthz")
+        out: dict[str, Any] = self._get("/healthz")
+        return out
 
     def ready(self) -> dict[str, Any]:
-        return self._get("/readyz")
+        out: dict[str, Any] = self._get("/readyz")
+        return out
 
     def wait(self, job_id: str, timeout: float | None = None, poll_s: float = 1.0) -> JobOut:
         """Poll until the job is terminal."""
@@ -203,59 +210,78 @@ class Client:
         """The job's events, replayed then live, until the job ends (`end` is yielded last).
 
         A dropped connection is resumed from the last seen id (`Last-Event-ID`), so nothing is lost or
-        repeated; up to `max_retries` consecutive failures with back-off.
+        repeated. A connection that ends before delivering an event is a failure: up to `max_retries` of them in
+        a row are retried with exponential back-off; one that delivered events reconnects at once.
         """
         last = after
-        failures = 0
+        retrying = Retrying(
+            retry=retry_if_exception_type(_StreamLost),
+            wait=wait_exponential(multiplier=0.4, max=5.0),
+            stop=stop_after_attempt(1 + (max_retries if reconnect else 0)),
+            reraise=True,
+        )
         while True:
-            headers = {"Accept": "text/event-stream"}
-            if last is not None:
-                headers["Last-Event-ID"] = str(last)
             try:
-                timeout = httpx.Timeout(10.0, read=read_timeout)
-                with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        self._check(r)
-                    for ev in parse_sse(r.iter_lines()):
-                        failures = 0
-                        if ev.id is not None:
-                            last = ev.id
-                        yield ev
-                        if ev.event == "end":
+                for attempt in retrying:  # each pass over `retrying` starts a fresh count
+                    with attempt:
+                        stream = self._event_stream(job_id, last, read_timeout)
+                        first = next(stream)  # _StreamLost when the connection ends before its first event
+            except _StreamLost as e:
+                if not reconnect:
+                    return
+                raise ApiError(
+                    0, "disconnected", f"lost the event stream of {job_id} {max_retries + 1} times in a row"
+                ) from e
+            try:
+                for ev in itertools.chain([first], stream):
+                    if ev.id is not None:
+                        last = ev.id
+                    yield ev
+                    if ev.event == "end":
+                        return
+            except _StreamLost:
+                if not reconnect:
+                    return
+            finally:
+                stream.close()
+
+    def _event_stream(self, job_id: str, after: int | None, read_timeout: float) -> Generator[JobEvent]:
+        """One connection's events (httpx-sse does the framing); raises _StreamLost if it ends before `end`."""
+        headers = {} if after is None else {"Last-Event-ID": str(after)}
+        timeout = httpx.Timeout(10.0, read=read_timeout)
+        try:
+            with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as es:
+                if es.response.status_code >= 400:
+                    es.response.read()
+                    self._check(es.response)
+                for sse in es.iter_sse():
+                    if sse.data:
+                        yield job_event(sse)
+                        if sse.event == "end":
                             return
-            except (httpx.TransportError, httpx.RemoteProtocolError):
-                pass
-            if not reconnect:
-                return
-            failures += 1
-            if failures > max_retries:
-                raise ApiError(0, "disconnected", f"lost the event stream of {job_id} {failures} times in a row")
-            time.sleep(min(5.0, 0.2 * 2**failures))
+        except httpx.TransportError as e:
+            raise _StreamLost(str(e)) from e
+        raise _StreamLost("the server closed the stream before the job ended")
 
 
-def parse_sse(lines: Iterator[str]) -> Iterator[JobEvent]:
-    """Server-Sent Events framing: fields until a blank line; comment lines (heartbeats) are skipped."""
-    event, data, eid = "message", [], None
-    for raw in lines:
-        line = raw.rstrip("\r")
-        if not line:
-            if data:
-                payload = "\n".join(data)
-                try:
-                    obj = json.loads(payload)
-                except ValueError:
-                    obj = {"raw": payload}
-                yield JobEvent(event, int(eid) if eid and eid.isdigit() else None, obj)
-            event, data, eid = "message", [], None
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-        elif name == "id":
-            eid = value
+class _StreamLost(Exception):
+    """The event stream ended before the job's `end` event (a dropped or closed connection)."""
+
+
+def job_event(sse: ServerSentEvent) -> JobEvent:
+    """A JobEvent from one SSE message; `end` carries no id of its own (httpx-sse repeats the last one seen)."""
+    try:
+        data = json.loads(sse.data)
+    except ValueError:
+        data = {"raw": sse.data}
+    eid = int(sse.id) if sse.event != "end" and sse.id.isdigit() else None
+    return JobEvent(sse.event or "message", eid, data)
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[JobEvent]:
+    """JobEvents from raw SSE lines (e.g. `response.iter_lines()`), decoded by httpx-sse's decoder."""
+    decoder = SSEDecoder()
+    for line in lines:
+        sse = decoder.decode(line.rstrip("\r\n"))
+        if sse is not None and sse.data:
+            yield job_event(sse)
