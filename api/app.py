@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -77,7 +78,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     )
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         controller.start()
         log.info("control plane up; drivers report to %s", settings.control_url)
         try:
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
             await controller.stop()
             engine.dispose()
 
-    app = FastAPI(
+    app = RingtrainApp(
         title="ringtrain",
         version="0.1.0",
         lifespan=lifespan,
@@ -101,15 +102,21 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_report_bytes=settings.max_report_bytes
     )
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """The generated schema, plus the JobSpec request body (JSON or YAML) of the routes that parse it."""
-    if app.openapi_schema:
-        return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+class RingtrainApp(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        """The generated schema, plus the JobSpec request body (JSON or YAML) of the routes that parse it."""
+        if self.openapi_schema:
+            return self.openapi_schema
+        self.openapi_schema = _with_jobspec_bodies(
+            get_openapi(title=self.title, version=self.version, description=self.description, routes=self.routes)
+        )
+        return self.openapi_schema
+
+
+def _with_jobspec_bodies(schema: dict[str, Any]) -> dict[str, Any]:
     comps = schema.setdefault("components", {}).setdefault("schemas", {})
     js = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
     comps.update(js.pop("$defs", {}))
@@ -121,5 +128,4 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 content = {"application/json": {"schema": ref}}
                 content.update({t: {"schema": ref} for t in sorted(YAML_TYPES) if t == "application/yaml"})
                 op["requestBody"] = {"required": True, "content": content}
-    app.openapi_schema = schema
     return schema

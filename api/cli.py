@@ -13,29 +13,33 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+from pydantic import TypeAdapter
 
 from api.client import ApiError, Client, resolve_url
+from api.schemas import JobOut
+
+if TYPE_CHECKING:  # rich and the server side load only for the commands that use them
+    from rich.console import Console
+
+    from service.settings import Settings
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _console():  # type: ignore[no-untyped-def]
+def _console() -> Console:
     from rich.console import Console
 
     return Console(highlight=False)
 
 
-def _out(args: argparse.Namespace, obj: Any, human: Any) -> None:
+def _out(args: argparse.Namespace, obj: object, human: Callable[[], None]) -> None:
     if args.json:
-        print(
-            json.dumps(
-                obj.model_dump(mode="json", by_alias=True) if hasattr(obj, "model_dump") else obj, indent=2, default=str
-            )
-        )
+        print(json.dumps(TypeAdapter(type(obj)).dump_python(obj, mode="json", by_alias=True), indent=2))
     else:
         human()
 
@@ -45,7 +49,7 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 # ---- serve / demo ---------------------------------------------------------------------------------
-def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _settings(args: argparse.Namespace) -> Settings:
     from service.settings import Settings
 
     over = {
@@ -61,7 +65,7 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return Settings(**over)
 
 
-def _run_server(settings, on_ready=None) -> int:  # type: ignore[no-untyped-def]
+def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None = None) -> int:
     import uvicorn
 
     from api.app import create_app
@@ -120,7 +124,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     settings = _settings(args)
     spec = Path(args.spec) if args.spec else EXAMPLES / "passkey.yaml"
 
-    def ready(s) -> None:  # type: ignore[no-untyped-def]
+    def ready(s: Settings) -> None:
         from service.settings import ensure_tokens
 
         token = next(iter(ensure_tokens(s, announce=False)))
@@ -152,7 +156,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # ---- job commands ---------------------------------------------------------------------------------
-def _fmt_job_line(j) -> str:  # type: ignore[no-untyped-def]
+def _fmt_job_line(j: JobOut) -> str:
     loss = j.latest_metrics.get("loss")
     loss_s = f"{loss.value:.4f}" if loss and loss.value is not None else "-"
     return f"{j.id:<14} {j.state.value:<10} {j.step:>6}/{j.total_steps:<6} {loss_s:>9}  {j.name}"

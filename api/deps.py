@@ -17,6 +17,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import ApiError
+from api.telemetry import Telemetry
 from service.controller import Controller
 from service.hub import Hub
 from service.launcher import ClusterInfo, Launcher
@@ -32,7 +33,7 @@ class AppContext:
     launcher: Launcher
     controller: Controller
     tokens: dict[str, str]
-    telemetry: object = None
+    telemetry: Telemetry
     _cluster: tuple[float, ClusterInfo] | None = field(default=None, repr=False)
 
     async def cluster(self, max_age_s: float = 5.0) -> ClusterInfo:
@@ -46,7 +47,8 @@ class AppContext:
 
 
 def get_ctx(request: Request) -> AppContext:
-    return request.app.state.ctx
+    ctx: AppContext = request.app.state.ctx  # set by `api.app.create_app`
+    return ctx
 
 
 bearer = HTTPBearer(auto_error=False, description="an API token (user routes) or a job's ingest token (reports)")

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 
 from service.launcher import DriverStatus, Launcher, LaunchRequest
 from service.settings import Settings
@@ -57,7 +58,7 @@ class Controller:
     def wake(self) -> None:
         self._wake.set()
 
-    async def _loop(self, fn, interval: float) -> None:  # type: ignore[no-untyped-def]
+    async def _loop(self, fn: Callable[[], Awaitable[None]], interval: float) -> None:
         while True:
             try:
                 await fn()
@@ -82,7 +83,7 @@ class Controller:
     async def _submit(self, job_id: str, spec: JobSpec, attempt: int, restarts: int = 0) -> None:
         token = secrets.token_urlsafe(32)
         await asyncio.to_thread(self._rotate_token, job_id, token)
-        through = await asyncio.to_thread(self.store.points_through, job_id, spec.world_size) if attempt else None
+        through = await asyncio.to_thread(self.store.delivered_through, job_id, spec.world_size) if attempt else 0
         req = LaunchRequest(
             job_id=job_id,
             spec=spec,
@@ -92,7 +93,7 @@ class Controller:
             attempt=attempt,
             placement_timeout_s=self.settings.placement_timeout_s,
             restarts=restarts,
-            resume_max_step=through,
+            delivered_through=through,
         )
         try:
             sid = await asyncio.to_thread(self.launcher.submit, req)

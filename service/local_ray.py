@@ -31,6 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ class LocalRayHead:
         raise TimeoutError(f"Ray head not ready after {self.start_timeout_s}s ({last}):\n{self._tail()}")
 
     @staticmethod
-    def _get_json(head: RayHead, path: str) -> dict:
+    def _get_json(head: RayHead, path: str) -> Any:
         req = urllib.request.Request(f"{head.jobs_url}{path}", headers=head.headers)
         with urllib.request.urlopen(req, timeout=5) as resp:
             return json.loads(resp.read())
