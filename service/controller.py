@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from service.launcher import DriverStatus, Launcher, LaunchRequest
 from service.settings import Settings
@@ -30,6 +33,14 @@ from workers.protocol import JobState
 log = logging.getLogger("ringtrain.controller")
 
 
+class _SubmitRefused(Exception):
+    """One submission try failed; it is retried after a back-off."""
+
+
+class _SubmitGaveUp(Exception):
+    """Every submission try failed: the job fails with this message."""
+
+
 class Controller:
     def __init__(self, settings: Settings, store: Store, launcher: Launcher) -> None:
         self.settings = settings
@@ -37,7 +48,7 @@ class Controller:
         self.launcher = launcher
         self._wake = asyncio.Event()
         self._ended_seen: dict[str, float] = {}
-        self._next_try: dict[str, float] = {}
+        self._submitting: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle of the loops -----------------------------------------------------------------
@@ -48,9 +59,10 @@ class Controller:
         ]
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._submitting.values()]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
@@ -72,13 +84,20 @@ class Controller:
 
     # ---- scheduling -----------------------------------------------------------------------------
     async def schedule_once(self) -> None:
-        now = time.time()
+        """Start a submission for every active job without a driver; each is its own task, so one job's back-off
+        delays no other."""
         for job in await asyncio.to_thread(self.store.active_jobs):
-            if job.submission_id is not None or job.cancel_requested:
+            if job.submission_id is not None or job.cancel_requested or job.id in self._submitting:
                 continue
-            if self._next_try.get(job.id, 0.0) > now:
-                continue
-            await self._submit(job.id, JobSpec.model_validate(job.spec), job.attempt, job.restarts)
+            spec = JobSpec.model_validate(job.spec)
+            task = asyncio.create_task(self._submit(job.id, spec, job.attempt, job.restarts))
+            self._submitting[job.id] = task
+            task.add_done_callback(functools.partial(self._submission_ended, job.id))
+
+    def _submission_ended(self, job_id: str, task: asyncio.Task[None]) -> None:
+        self._submitting.pop(job_id, None)
+        if not task.cancelled() and (e := task.exception()) is not None:  # e.g. the store was unreachable
+            log.error("job %s: submission failed (%s); the scheduler tries again", job_id, e, exc_info=e)
 
     async def _submit(self, job_id: str, spec: JobSpec, attempt: int, restarts: int = 0) -> None:
         token = secrets.token_urlsafe(32)
@@ -96,19 +115,12 @@ class Controller:
             delivered_through=through,
         )
         try:
-            sid = await asyncio.to_thread(self.launcher.submit, req)
-        except Exception as e:  # Ray unreachable, rejected entrypoint, ...
-            n = await asyncio.to_thread(self.store.record_submit_failure, job_id)
-            msg = f"could not submit the driver to Ray: {type(e).__name__}: {e}"
-            log.warning("job %s: %s (try %d of %d)", job_id, msg, n, self.settings.submit_attempts)
-            if n >= self.settings.submit_attempts:
-                await asyncio.to_thread(
-                    self.store.transition, job_id, JobState.FAILED, f"{msg} (gave up after {n} tries)"
-                )
-            else:
-                self._next_try[job_id] = time.time() + min(30.0, 2.0**n)
+            sid = await self._submit_with_retries(req)
+        except _SubmitGaveUp as e:
+            await asyncio.to_thread(self.store.transition, job_id, JobState.FAILED, str(e))
             return
-        self._next_try.pop(job_id, None)
+        if sid is None:
+            return
         job = await asyncio.to_thread(self.store.set_submission, job_id, sid)
         log.info("job %s: driver submitted as %s", job_id, sid)
         if job.cancel_requested or JobState(job.state).terminal:
@@ -121,6 +133,29 @@ class Controller:
             f"driver submitted to Ray (submission {sid})",
             only_from={JobState.QUEUED},
         )
+
+    async def _submit_with_retries(self, req: LaunchRequest) -> str | None:
+        """The submission id; Ray's refusals are retried after 2, 4, 8… s (at most 30 s) until `submit_attempts`
+        tries are counted in the store (so a restarted control plane does not start over). None when the job was
+        cancelled meanwhile."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_SubmitRefused), wait=wait_exponential(multiplier=2, max=30), reraise=True
+        )
+        return await retrying(self._try_submit, req)
+
+    async def _try_submit(self, req: LaunchRequest) -> str | None:
+        job = await asyncio.to_thread(self.store.get_job, req.job_id)
+        if job.cancel_requested or JobState(job.state).terminal:
+            return None
+        try:
+            return await asyncio.to_thread(self.launcher.submit, req)
+        except Exception as e:  # Ray unreachable, rejected entrypoint, ...
+            n = await asyncio.to_thread(self.store.record_submit_failure, req.job_id)
+            msg = f"could not submit the driver to Ray: {type(e).__name__}: {e}"
+            log.warning("job %s: %s (try %d of %d)", req.job_id, msg, n, self.settings.submit_attempts)
+            if n >= self.settings.submit_attempts:
+                raise _SubmitGaveUp(f"{msg} (gave up after {n} tries)") from e
+            raise _SubmitRefused(msg) from e
 
     def _rotate_token(self, job_id: str, token: str) -> None:
         self.store.set_ingest_token_hash(job_id, hash_token(token))

@@ -254,6 +254,19 @@ def test_submit_failures_retry_then_fail(tmp_path):
         assert "could not submit" in got["error"] and "unreachable" in got["error"]
 
 
+def test_cancel_during_submit_backoff_submits_nothing(tmp_path):
+    """A job cancelled while its submission waits out a back-off is never handed to Ray."""
+    launcher = RecordingLauncher(fail_submits=1)
+    with running(tmp_path, launcher) as srv:
+        c = srv.client()
+        j = submit(c)
+        store, controller = srv.app.state.ctx.store, srv.app.state.ctx.controller
+        wait_for(lambda: store.get_job(j["id"]).submit_failures == 1)
+        assert c.post(f"/v1/jobs/{j['id']}/cancel").json()["state"] == "CANCELLED"
+        wait_for(lambda: j["id"] not in controller._submitting, timeout=15)  # the retry ran and gave up quietly
+        assert launcher.submits == [] and job(c, j["id"])["state"] == "CANCELLED"
+
+
 def test_data_roots_and_cluster_limits(srv, tmp_path):
     c = srv.client()
     corpus = tmp_path / "corpus.txt"

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.client import Client, JobEvent, parse_sse
+from api.client import ApiError, Client, JobEvent, parse_sse
 from tests.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for
 
 
@@ -130,3 +130,34 @@ def test_events_errors(srv):
     job = c.post("/v1/jobs", json=TINY_SPEC).json()
     r = c.get(f"/v1/jobs/{job['id']}/events", params={"after": -1})
     assert r.status_code == 422 and r.json()["error"]["field"] == "after"
+
+
+def test_parse_sse_framing():
+    """Comments skipped, multi-line data joined, `end` without an id of its own (SSE repeats the last id)."""
+    lines = [
+        ": ping",
+        "retry: 2000",
+        "event: metric",
+        "id: 5",
+        'data: {"a":',
+        "data: 1}",
+        "",
+        "event: end",
+        "data: {}",
+        "",
+    ]
+    assert list(parse_sse(lines)) == [JobEvent("metric", 5, {"a": 1}), JobEvent("end", None, {})]
+
+
+def test_events_give_up_after_max_retries():
+    """Nothing listens: every connection fails before an event; after 1 + max_retries tries the client says so."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before the client connects: connection refused
+    c = Client(f"http://127.0.0.1:{port}", ALICE)
+    with pytest.raises(ApiError) as e:
+        list(c.events("j1", max_retries=2))
+    assert e.value.code == "disconnected" and "3 times" in e.value.message
+    assert list(c.events("j1", reconnect=False)) == []
