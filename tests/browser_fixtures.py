@@ -29,12 +29,10 @@ TOKEN_KEY = "ringtrain.token"
 
 
 def chromium_missing() -> str | None:
+    """Why the browser tests cannot run here (the system's Chromium is absent), or None. The playwright package
+    is a dev dependency of this project: its import failing is a broken environment and fails the tests."""
     if not Path(CHROMIUM).exists():
         return f"Chromium not found at {CHROMIUM} (apt-get install -y chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright Python package is not installed"
     return None
 
 
@@ -114,13 +112,16 @@ def step_items(d: Driver, step: int, ranks: int = 4, loss: float | None = None) 
 
 
 class Feeder:
-    """Streams training steps to the job from a thread (like a running driver), until stopped."""
+    """Streams training steps to the job from a thread (like a running driver), until stopped. A failure of the
+    feeder (an exception, or an answer other than 200) stops it and is raised when the `with` block ends, so a
+    test never passes on a dashboard that silently stopped receiving data."""
 
     def __init__(self, d: Driver, start: int, every_s: float = 0.2, ranks: int = 4) -> None:
         self.d, self.step, self.every_s, self.ranks = d, start, every_s, ranks
         self.stop_evt = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.error: BaseException | None = None
+        self.posts = 0
 
     def run(self) -> None:
         try:
@@ -132,16 +133,33 @@ class Feeder:
                     ]
                 )
                 if r.status_code != 200:
-                    break
+                    raise FeederError(f"report for step {self.step} answered HTTP {r.status_code}: {r.text[:300]}")
+                self.posts += 1
                 self.step += 1
                 self.stop_evt.wait(self.every_s)
-        except BaseException as e:  # surfaced by stop()
+        except BaseException as e:  # raised by stop()
             self.error = e
+
+    def stop(self) -> None:
+        """Stop feeding; raise what made the feeder fail, if anything did."""
+        self.stop_evt.set()
+        self.thread.join(timeout=30)
+        if self.thread.is_alive():
+            raise FeederError("the feeder did not stop within 30 s (a report request hangs)")
+        if self.error is not None:
+            raise FeederError(f"the feeder failed after {self.posts} reports: {self.error!r}") from self.error
 
     def __enter__(self) -> Feeder:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop_evt.set()
-        self.thread.join(timeout=10)
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.stop()
+        else:  # the test already fails: stop quietly, keep its error
+            self.stop_evt.set()
+            self.thread.join(timeout=30)
+
+
+class FeederError(AssertionError):
+    """The feeder could not deliver a step: the dashboard under test was not being fed."""

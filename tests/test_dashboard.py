@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.api_harness import RecordingLauncher, Server, make_settings, wait_for
+from tests.api_harness import Driver, RecordingLauncher, Server, make_settings, wait_for
 from tests.browser_fixtures import (
     ALICE,
     ARTIFACTS,
@@ -24,6 +24,7 @@ from tests.browser_fixtures import (
     CHROMIUM_ARGS,
     TOKEN_KEY,
     Feeder,
+    FeederError,
     PageErrors,
     chromium_missing,
     create_job,
@@ -369,8 +370,21 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
     print("dashboard render:", json.dumps(result))
     shot(page, "dashboard-100k")
     assert raw["points"] == n + 1000
-    # generous bounds for a shared 2-core CI box; the measured numbers are in the JSON above
-    assert server_render["ms"] < 1000 and raw["firstDrawMs"] < 3000 and raw["appendRedrawMsMedian"] < 500
+    # timings are recorded (the JSON above, BENCHMARKS.md), never asserted: on a shared 2-core box they are noise
+
+
+def test_feeder_raises_what_went_wrong(server: Server) -> None:
+    """The browser tests' feeder fails loudly: an answer other than 200 ends it and is raised when it stops."""
+    job = create_job(server, {**SPEC, "name": "feeder"})
+    d = start_running(server, job["id"], ranks=4)
+    with Feeder(d, start=1, every_s=0.01) as f:
+        wait_for(lambda: f.posts >= 3, timeout=30)
+    assert f.error is None and f.posts >= 3
+    bad = Driver(server, job["id"])
+    bad.http = server.client("not-the-ingest-token")
+    with pytest.raises(FeederError, match="HTTP 401"), Feeder(bad, start=100, every_s=0.01) as f:
+        wait_for(lambda: not f.thread.is_alive(), timeout=30)
+    assert f.posts == 0
 
 
 @pytest.mark.ray
@@ -379,11 +393,9 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
 def test_real_ray_job_live_and_cancel(browser: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """A job run by the real driver on the session's local Ray head: the chart grows live, the ring shows both
     ranks, and the dashboard's cancel stops it on Ray."""
-    try:
-        from service.ray_jobs import RayJobLauncher
-    except ImportError as e:
-        pytest.skip(f"service.ray_jobs is not available: {e}")
     import sys
+
+    from service.ray_jobs import RayJobLauncher  # a project module: failing to import it fails the test
 
     head = request.getfixturevalue("ray_head")
     launcher = RayJobLauncher(head.jobs_url, auth_token=head.auth_token, python=sys.executable)
