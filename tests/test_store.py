@@ -94,7 +94,11 @@ def postgres_server() -> Iterator[str]:
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
         log = (tmp / "log").read_text() if (tmp / "log").exists() else ""
         shutil.rmtree(tmp, ignore_errors=True)
-        pytest.skip(f"could not start a throwaway PostgreSQL: {e} {getattr(e, 'stderr', b'')!r} {log[-500:]}")
+        # installed but not starting is a broken environment, not a reason to skip the PostgreSQL half of the suite
+        pytest.fail(
+            f"PostgreSQL is installed ({bindir}) but a throwaway server did not start: {e} "
+            f"{getattr(e, 'stderr', b'')!r} {log[-500:]}"
+        )
     try:
         yield f"postgresql://ringtrain@127.0.0.1:{port}/postgres"
     finally:
