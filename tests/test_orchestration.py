@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -215,7 +216,6 @@ def test_cancel_releases_placement_group_and_actors(harness: Harness) -> None:
     sid = harness.submit("cancel1", spec)
     harness.wait_for("cancel1", lambda j: len(losses(j)) >= 2, 120, "training")
     assert any(pg["state"] == "CREATED" for pg in job_pgs(harness.head, "cancel1"))
-    t0 = time.monotonic()
     harness.launcher.stop(sid)
     harness.launcher.stop(sid)  # idempotent
     final = harness.finish("cancel1", sid, timeout_s=30)
@@ -226,10 +226,8 @@ def test_cancel_releases_placement_group_and_actors(harness: Harness) -> None:
         if all(pg["state"] == "REMOVED" for pg in pgs) and all(a["state"] == "DEAD" for a in actors):
             break
         time.sleep(0.5)
-    released = time.monotonic() - t0
     assert pgs and all(pg["state"] == "REMOVED" for pg in pgs), pgs
     assert actors and all(a["state"] == "DEAD" for a in actors), actors
-    assert released < 15, released
     assert harness.wait_driver(sid, 30) == DriverStatus.STOPPED
     harness.launcher.stop(sid)  # stopping a finished job is a no-op
 
@@ -309,16 +307,35 @@ def test_reporter_retries_resends_on_gap_and_continues_sequence(report_receiver:
 
 
 def test_reporter_wrong_token_never_blocks_and_close_is_bounded(report_receiver: ReportReceiver) -> None:
-    report_receiver.add_job("r2", "right")
-    rep = Reporter(report_receiver.url, "r2", "wrong", interval_s=0.05, backoff_max_s=0.1)
-    t0 = time.monotonic()
-    for s in range(1, 1001):
-        rep.metric(_point(s))
-    assert time.monotonic() - t0 < 1.0
-    t0 = time.monotonic()
+    """metric() never touches the network: with the control plane stuck in a request (the handshake), 1000 metric
+    calls all return and are all queued while the server has seen exactly one request. Then the server answers 401
+    (a wrong token): close() reports failure, names the 401, and its sender thread has ended."""
+    rec = report_receiver
+    rec.add_job("r2", "right")
+    stuck, release = threading.Event(), threading.Event()
+    real = rec.handle
+
+    def stalled(job_id: str, auth: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        stuck.set()
+        release.wait(60)
+        return real(job_id, auth, body)
+
+    rec.handle = stalled  # type: ignore[method-assign]
+    rep = Reporter(rec.url, "r2", "wrong", interval_s=0.05, backoff_max_s=0.1)
+    assert stuck.wait(30), "the reporter never sent its handshake"
+    queued: list[bool] = []
+    producer = threading.Thread(target=lambda: queued.extend(rep.metric(_point(s)) for s in range(1, 1001)))
+    producer.start()
+    producer.join(timeout=60)  # a hang detector, not a timing: metric() must not wait for the stuck request
+    assert not producer.is_alive() and queued == [True] * 1000
+    with rec.lock:
+        assert rec.jobs["r2"].requests == 0  # the handshake is still inside the server, nothing applied
+    assert rep.pending() == 1000
+    release.set()
     assert rep.close(timeout_s=1.0) is False
-    assert time.monotonic() - t0 < 5.0
+    assert not rep._thread.is_alive()  # close() stopped the sender although nothing could be delivered
     assert "401" in (rep.last_error or "")
+    assert rep.delivered == 0
 
 
 def test_reporter_isolates_and_drops_an_item_the_server_refuses(report_receiver: ReportReceiver) -> None:
