@@ -7,6 +7,7 @@ the API can answer 422 naming it.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -39,6 +40,9 @@ class StrictModel(BaseModel):
 
 
 class ModelConfig(StrictModel):
+    """The built-in Llama-style decoder, trained from scratch (`model.kind: native`, the default)."""
+
+    kind: Literal["native"] = "native"
     vocab_size: int = Field(256, ge=2, le=1 << 20, description="256 = byte-level tokenizer")
     d_model: int = Field(256, ge=8, le=65536)
     n_layers: int = Field(4, ge=1, le=512)
@@ -160,9 +164,251 @@ class ResourcesConfig(StrictModel):
     cpus_per_worker: float = Field(1.0, ge=1e-4, le=1024, description="≥ 0.0001: Ray's resource granularity")
 
 
+PRETRAINED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
+SKIP_FILE_CHECKS = {"check_files": False}  # validation context for specs re-read after submission (see HFModelConfig)
+
+
+class RopeScaling(StrictModel):
+    """A RoPE scaling override (transformers' `rope_parameters` keys) for extending a pretrained model's context."""
+
+    rope_type: Literal["linear", "dynamic", "yarn", "llama3"]
+    factor: float = Field(..., ge=1.0, le=1024.0)
+    original_max_position_embeddings: int | None = Field(
+        None, ge=16, le=MAX_SEQ_LEN, description="the pretraining context; default: config.json's"
+    )
+    low_freq_factor: float | None = Field(None, gt=0, le=1e4, description="llama3")
+    high_freq_factor: float | None = Field(None, gt=0, le=1e4, description="llama3")
+    beta_fast: float | None = Field(None, gt=0, le=1e4, description="yarn")
+    beta_slow: float | None = Field(None, gt=0, le=1e4, description="yarn")
+    attention_factor: float | None = Field(None, gt=0, le=1e4, description="yarn")
+    mscale: float | None = Field(None, gt=0, le=1e4, description="yarn")
+    mscale_all_dim: float | None = Field(None, ge=0, le=1e4, description="yarn")
+    truncate: bool | None = Field(None, description="yarn")
+
+    @model_validator(mode="after")
+    def _type_fields(self) -> RopeScaling:
+        if self.rope_type == "llama3":
+            for name in ("low_freq_factor", "high_freq_factor"):
+                if getattr(self, name) is None:
+                    _fail(name, None, f"rope_type llama3 needs {name}")
+            if self.high_freq_factor <= self.low_freq_factor:  # type: ignore[operator]
+                _fail("high_freq_factor", self.high_freq_factor, "high_freq_factor must exceed low_freq_factor")
+        yarn_only = ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")
+        for name in yarn_only if self.rope_type != "yarn" else ():
+            if getattr(self, name) is not None:
+                _fail(name, getattr(self, name), f"{name} applies to rope_type yarn only")
+        return self
+
+
+class HFModelConfig(StrictModel):
+    """A pretrained Hugging Face causal LM from a local directory (`config.json`, `*.safetensors`, tokenizer).
+
+    Validation reads `config.json` (only that) and refuses what ringtrain cannot train exactly. The
+    architecture properties (`d_model`, `n_layers`, ...) mirror the native `ModelConfig`'s, read from
+    `config.json`, so planners and reports need no second code path. Pass `context=SKIP_FILE_CHECKS` to
+    re-read a spec that was validated at submission (the directory may live only on the cluster).
+    """
+
+    kind: Literal["hf"]
+    path: str = Field(..., min_length=1, max_length=4096, description="local model directory")
+    rope_scaling: RopeScaling | None = Field(None, description="overrides config.json's RoPE scaling")
+    rope_theta: float | None = Field(None, gt=1, le=1e12, description="overrides config.json's rope_theta")
+    max_position_embeddings: int | None = Field(None, ge=16, le=MAX_SEQ_LEN, description="overrides config.json's")
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        from pathlib import Path
+
+        if not v.isprintable():
+            raise ValueError("must not contain control or other non-printable characters")
+        try:  # one meaning wherever the spec travels: resolved where it was submitted
+            return str(Path(v).expanduser().resolve())
+        except (OSError, RuntimeError, ValueError) as e:
+            raise ValueError(f"cannot be resolved: {e}") from e
+
+    @model_validator(mode="after")
+    def _readable(self, info: Any) -> HFModelConfig:
+        if (info.context or {}).get("check_files", True):
+            try:
+                check_pretrained_dir(self.path)
+                arch = self.hf_config
+            except ValueError as e:
+                _fail("path", self.path, str(e))
+            if arch.get("attention_dropout", 0.0):
+                _fail("path", self.path, "attention_dropout must be 0 (ring attention has no dropout)")
+        return self
+
+    @cached_property
+    def hf_config(self) -> dict[str, Any]:
+        """config.json with the spec's overrides applied, RoPE in transformers' `rope_parameters` form (read once)."""
+        return pretrained_config(self.path, **self.overrides())
+
+    def overrides(self) -> dict[str, Any]:
+        """The spec's RoPE overrides as `pretrained_config` / `load_pretrained` keyword arguments."""
+        return {
+            "rope_scaling": self.rope_scaling.model_dump(exclude_none=True) if self.rope_scaling else None,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+
+    @property
+    def model_type(self) -> str:
+        return str(self.hf_config["model_type"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config["vocab_size"])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.hf_config["hidden_size"])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.hf_config["num_hidden_layers"])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.hf_config["num_attention_heads"])
+
+    @property
+    def kv_heads(self) -> int:
+        c = self.hf_config
+        return int(c.get("num_key_value_heads") or c["num_attention_heads"])
+
+    @property
+    def head_dim(self) -> int:
+        c = self.hf_config
+        return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+
+    @property
+    def ffn_hidden(self) -> int:
+        return int(self.hf_config["intermediate_size"])
+
+    @property
+    def tie_embeddings(self) -> bool:
+        return bool(self.hf_config.get("tie_word_embeddings", False))
+
+    def rope_context(self) -> int:
+        """Tokens the RoPE settings cover: max_position_embeddings, or factor × the pretraining context."""
+        c = self.hf_config
+        rp = c["rope_parameters"]
+        if rp.get("rope_type", "default") in ROPE_TYPES:
+            original = int(rp.get("original_max_position_embeddings") or c["max_position_embeddings"])
+            return max(int(c["max_position_embeddings"]), int(rp["factor"] * original))
+        return int(c["max_position_embeddings"])
+
+    def sliding_window(self) -> int | None:
+        """The sliding attention window some layers use, or None (ring attention is full causal attention)."""
+        c = self.hf_config
+        window = c.get("sliding_window")
+        if not window:
+            return None
+        if c["model_type"] == "mistral":
+            return int(window)
+        layer_types = c.get("layer_types") or (
+            ["sliding_attention"] * c["num_hidden_layers"]
+            if c.get("use_sliding_window") and c.get("max_window_layers", 0) < c["num_hidden_layers"]
+            else []
+        )
+        return int(window) if "sliding_attention" in layer_types else None
+
+
+def read_config_json(path: str) -> dict[str, Any]:
+    """A model directory's config.json as a dict; ValueError naming what is wrong (for `model.path`)."""
+    import json
+    from pathlib import Path
+
+    file = Path(path) / "config.json"
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ValueError(f"{path} has no config.json") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file} cannot be read as JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file} is not a JSON object")
+    model_type = raw.get("model_type")
+    if model_type not in PRETRAINED_FAMILIES:
+        raise ValueError(
+            f"model_type {model_type!r} in {file} is not supported; "
+            f"supported families: {', '.join(PRETRAINED_FAMILIES)}"
+        )
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        if not isinstance(raw.get(key), int) or isinstance(raw.get(key), bool) or raw[key] < 1:
+            raise ValueError(f"{file}: {key} must be a positive integer, got {raw.get(key)!r}")
+    heads, kv = raw["num_attention_heads"], raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    if not isinstance(kv, int) or heads % kv:
+        raise ValueError(f"{file}: num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv})")
+    rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = rp.get("rope_type", rp.get("type", "default")) if isinstance(rp, dict) else None
+    if rope_type not in ("default", *ROPE_TYPES):
+        raise ValueError(f"{file}: RoPE type {rope_type!r} is not supported (default, {', '.join(ROPE_TYPES)})")
+    return raw
+
+
+def check_pretrained_dir(path: str) -> None:
+    """The directory exists and holds weights and tokenizer files (their contents are read at training time)."""
+    from pathlib import Path
+
+    d = Path(path)
+    if not d.is_dir():
+        raise ValueError(f"model directory {path} does not exist")
+    names = {p.name for p in d.iterdir()}
+    if not any(n.endswith((".safetensors", ".bin")) or n.endswith(".safetensors.index.json") for n in names):
+        raise ValueError(f"{path} holds no weights (*.safetensors or *.bin)")
+    if not names & {"tokenizer.json", "tokenizer.model", "vocab.json"}:
+        raise ValueError(f"{path} holds no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
+
+
+def pretrained_config(
+    path: str,
+    *,
+    rope_scaling: dict[str, Any] | None = None,
+    rope_theta: float | None = None,
+    max_position_embeddings: int | None = None,
+) -> dict[str, Any]:
+    """config.json with RoPE overrides applied, RoPE in one `rope_parameters` dict (transformers ≥ 5's form).
+
+    A scaling override that needs the pretraining context (yarn, llama3) gets config.json's
+    `max_position_embeddings` unless it names `original_max_position_embeddings` itself.
+    """
+    raw = read_config_json(path)
+    out = {k: v for k, v in raw.items() if k not in ("rope_scaling", "rope_theta")}
+    rp = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    rp["rope_type"] = rp.pop("type", rp.get("rope_type", "default"))
+    rp.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    pretrained_context = raw.get("max_position_embeddings", 2048)
+    if rope_scaling is not None:
+        rp = {"rope_theta": rp["rope_theta"], **rope_scaling}
+    if rope_theta is not None:
+        rp["rope_theta"] = rope_theta
+    if rp["rope_type"] in ("yarn", "llama3"):
+        rp.setdefault("original_max_position_embeddings", pretrained_context)
+    out["rope_parameters"] = rp
+    out["max_position_embeddings"] = max_position_embeddings or pretrained_context
+    return out
+
+
+def rope_coverage_warning(spec: JobSpec) -> str | None:
+    """A `plan` warning when training/eval contexts exceed what the pretrained model's RoPE settings cover."""
+    if spec.model.kind != "hf":
+        return None
+    longest = max([spec.data.seq_len, *spec.eval_context_lengths()])
+    covered = spec.model.rope_context()
+    if longest <= covered:
+        return None
+    return (
+        f"contexts up to {longest} tokens exceed the {covered} that the model's RoPE settings cover; "
+        "set model.rope_scaling (e.g. {rope_type: yarn, factor: ...}) to extend the context"
+    )
+
+
 class JobSpec(StrictModel):
     name: str = Field(..., min_length=1, max_length=128)
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: ModelConfig | HFModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=PasskeyData)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -179,6 +425,42 @@ class JobSpec(StrictModel):
         if not v.strip() or not v.isprintable():
             raise ValueError("name must be printable (no control characters) and not blank")
         return v
+
+    @field_validator("model", mode="wrap")
+    @classmethod
+    def _model_kind(cls, v: Any, handler: Any, info: Any) -> ModelConfig | HFModelConfig:
+        """`kind` picks the class (native when absent) so errors stay at `model.<field>`, with no union tag."""
+        if isinstance(v, dict):
+            kind = v.get("kind", "native")
+            if kind not in ("native", "hf"):
+                _fail("kind", kind, f"model.kind must be 'native' or 'hf', got {kind!r}")
+            model_cls = HFModelConfig if kind == "hf" else ModelConfig
+            return model_cls.model_validate(v, context=info.context)
+        return handler(v)
+
+    @model_validator(mode="after")
+    def _pretrained_fits(self) -> JobSpec:
+        """A pretrained model's attention must be what the ring computes: full causal, heads split as asked."""
+        m = self.model
+        if m.kind != "hf" or "hf_config" not in m.__dict__:  # files not read (SKIP_FILE_CHECKS)
+            return self
+        window = m.sliding_window()
+        longest = max([self.data.seq_len, *self.eval_context_lengths()])
+        if window is not None and window < longest:
+            _fail(
+                "data.seq_len",
+                self.data.seq_len,
+                f"the model's sliding_window ({window}) is shorter than the {longest}-token contexts; ring attention "
+                "computes full causal attention, so this model cannot be trained exactly at this length",
+            )
+        ulysses = getattr(self.parallel, "ulysses_size", 1)
+        if m.n_heads % ulysses:
+            _fail(
+                "parallel.ulysses_size",
+                ulysses,
+                f"the model's num_attention_heads ({m.n_heads}) must be divisible by parallel.ulysses_size ({ulysses})",
+            )
+        return self
 
     @model_validator(mode="after")
     def _cross_fields(self) -> JobSpec:
@@ -202,7 +484,7 @@ class JobSpec(StrictModel):
             _fail("parallel.ring_size", p.ring_size, f"ring_size × data_parallel must be ≤ {MAX_WORLD}")
         if self.train.warmup_steps > self.train.steps:
             _fail("train.warmup_steps", self.train.warmup_steps, "train.warmup_steps must be ≤ train.steps")
-        if self.model.vocab_size < 256 and self.data.kind in ("passkey", "text"):
+        if self.model.kind == "native" and self.model.vocab_size < 256 and self.data.kind in ("passkey", "text"):
             _fail("model.vocab_size", self.model.vocab_size, "the byte-level tokenizer needs model.vocab_size ≥ 256")
         for i, length in enumerate(self.eval.context_lengths or []):
             if length < 64 or length > MAX_SEQ_LEN or length % need:
@@ -263,17 +545,22 @@ def load_spec(text: str) -> JobSpec:
 
 __all__ = [
     "MAX_SEQ_LEN",
+    "SKIP_FILE_CHECKS",
     "CheckpointConfig",
     "DataConfig",
     "EvalConfig",
+    "HFModelConfig",
     "JobSpec",
     "Layout",
     "ModelConfig",
     "ParallelConfig",
     "PasskeyData",
     "ResourcesConfig",
+    "RopeScaling",
     "TextData",
     "TrainConfig",
     "load_spec",
+    "pretrained_config",
+    "rope_coverage_warning",
     "seq_multiple",
 ]

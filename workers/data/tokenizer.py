@@ -93,6 +93,34 @@ class HFTokenizer:
         self._tok.save_pretrained(str(out_dir))
 
 
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character map, which `tokenizers`' ByteLevel pre-tokenizer applies."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def save_byte_tokenizer(out_dir: str | Path) -> None:
+    """Write a Hugging Face tokenizer whose ids are UTF-8 bytes (ByteTokenizer's), for exported native models.
+
+    Byte-level BPE with the 256 byte symbols as vocabulary (id = byte) and no merges, no regex split, no
+    special tokens: `AutoTokenizer` encodes any text to exactly `ByteTokenizer().encode(text)`.
+    """
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: b for b, ch in _byte_to_unicode().items()}
+    raw = RawTokenizer(models.BPE(vocab=vocab, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    raw.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=raw).save_pretrained(str(out_dir))
+
+
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(path: str) -> HFTokenizer:
     """The tokenizer of a model directory, loaded once per process (data, evals and export share it)."""
@@ -106,4 +134,12 @@ def tokenizer_for(spec: JobSpec) -> Tokenizer:
     return ByteTokenizer()
 
 
-__all__ = ["VOCAB_SIZE", "ByteTokenizer", "HFTokenizer", "Tokenizer", "load_tokenizer", "tokenizer_for"]
+__all__ = [
+    "VOCAB_SIZE",
+    "ByteTokenizer",
+    "HFTokenizer",
+    "Tokenizer",
+    "load_tokenizer",
+    "save_byte_tokenizer",
+    "tokenizer_for",
+]

@@ -1,0 +1,180 @@
+"""Pretrained Hugging Face causal LMs (llama, mistral, qwen2, qwen3) trained on the ring.
+
+The model *is* transformers' own modeling code — every family detail (q/k/v biases, qwen3's q/k norms,
+tied heads, each RoPE scaling variant) is exactly what `from_pretrained` users get, and export is
+transformers' `save_pretrained`. Two things are swapped in from outside, without touching its code:
+
+- attention: `ring_attention` registered through `transformers.AttentionInterface` under `ATTN_NAME`,
+  with a mask function that returns None (causality is the ring's job and depends on the layout; an
+  HF mask would be O(seq²) and wrong for non-monotonic zigzag/striped positions);
+- the sequence length RoPE sees: length-dependent RoPE (`dynamic`, `longrope`) scales by
+  max(position_ids) + 1, which on a shard is that shard's last position. A forward pre-hook on the
+  rotary module appends the *global* last position (max over the ring) and a forward hook drops it,
+  so every rank scales exactly as transformers does on the whole sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from workers import attention
+from workers.config import pretrained_config
+from workers.models.llama import SequenceParallel
+
+ATTN_NAME = "ringtrain_ring"
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+@dataclass
+class _RingState:
+    """Shared by the wrapper and every attention module of one model (set per forward)."""
+
+    sp: SequenceParallel | None = None
+    seq_len: int = 0  # global sequence length of the current forward
+
+
+def _ring_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: q/k/v [batch, heads, seq, head_dim] → [batch, seq, heads, head_dim]."""
+    state: _RingState | None = getattr(module, "ringtrain_state", None)
+    if state is None:
+        raise RuntimeError(f"{ATTN_NAME} attention runs only inside a ringtrain PretrainedLM")
+    if dropout:
+        raise ValueError("attention dropout is not supported by ring attention (set attention_dropout to 0)")
+    window = kwargs.get("sliding_window")
+    if window is not None and window < state.seq_len:
+        raise ValueError(f"sliding_window {window} < sequence length {state.seq_len}: ring attention is full causal")
+    if state.sp is None:  # the whole sequence is local and in order
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2), None
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    out = attention.ring_attention(
+        q, k, v, causal=True, layout=state.sp.layout, group=state.sp.group, softmax_scale=scaling
+    )
+    return out, None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """Mask function for ATTN_NAME: the ring applies the (layout-aware) causal mask itself."""
+    return None
+
+
+def register_ring_attention() -> None:
+    """Make ATTN_NAME a valid `attn_implementation` in this process (idempotent)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_NAME, _ring_attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, _no_mask)
+
+
+class PretrainedLM(nn.Module):
+    """A transformers causal LM behind ringtrain's model interface.
+
+    `forward(tokens [batch, seq_local], positions [seq_local]) -> fp32 logits [batch, seq_local, vocab]`,
+    where `positions` are the global (layout) positions of the rank's tokens.
+    """
+
+    def __init__(self, hf_model: nn.Module, source_dir: str | None = None) -> None:
+        super().__init__()
+        register_ring_attention()
+        self.hf = hf_model
+        self.source_dir = source_dir  # where the tokenizer files come from at export
+        self.hf.set_attn_implementation(ATTN_NAME)
+        self.state = _RingState()
+        for layer in self.layers:
+            layer.self_attn.ringtrain_state = self.state
+        rotary = self.hf.model.rotary_emb
+        self._rope_last: int | None = None  # global last position, for length-dependent RoPE
+        self._length_dependent_rope = str(getattr(rotary, "rope_type", "default")) in LENGTH_DEPENDENT_ROPE
+        if self._length_dependent_rope:
+            rotary.register_forward_pre_hook(self._append_global_last, with_kwargs=True)
+            rotary.register_forward_hook(self._drop_global_last)
+
+    @property
+    def config(self) -> Any:
+        return self.hf.config
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The decoder blocks (what activation checkpointing and FSDP wrap one by one)."""
+        return self.hf.model.layers
+
+    def set_sequence_parallel(self, sp: SequenceParallel | None) -> None:
+        """Run attention on this ring from now on (None: plain local attention)."""
+        self.state.sp = sp
+
+    def _ring_world(self) -> int:
+        sp = self.state.sp
+        if sp is None or not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size(sp.group)
+
+    def _global_last_position(self, positions: torch.Tensor) -> int:
+        """max(position) over the whole ring: what transformers' RoPE sees on the unsharded sequence."""
+        last = positions.max().detach().to(torch.int64).reshape(1)  # on the tokens' device: the backend's
+        if self._ring_world() > 1:
+            dist.all_reduce(last, op=dist.ReduceOp.MAX, group=self.state.sp.group)  # type: ignore[union-attr]
+        return int(last.item())
+
+    def _append_global_last(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if self._rope_last is None:
+            return args, kwargs
+        pos = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
+        extra = torch.full((pos.shape[0], 1), self._rope_last, dtype=pos.dtype, device=pos.device)
+        pos = torch.cat([pos, extra], dim=1)
+        if "position_ids" in kwargs:
+            return args, {**kwargs, "position_ids": pos}
+        return (args[0], pos, *args[2:]), kwargs
+
+    def _drop_global_last(self, module: nn.Module, args: tuple, output: Any) -> Any:
+        if self._rope_last is None:
+            return output
+        cos, sin = output
+        return cos[:, :-1], sin[:, :-1]
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        b, s = tokens.shape
+        positions = positions.to(tokens.device)
+        self.state.seq_len = s * self._ring_world()
+        self._rope_last = self._global_last_position(positions) if self._length_dependent_rope else None
+        out = self.hf(input_ids=tokens, position_ids=positions.unsqueeze(0).expand(b, -1), use_cache=False)
+        return out.logits.float()
+
+
+def load_pretrained(
+    path: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    rope_scaling: dict[str, Any] | None = None,
+    rope_theta: float | None = None,
+    max_position_embeddings: int | None = None,
+) -> PretrainedLM:
+    """An unsharded PretrainedLM from a local model directory, with optional RoPE overrides (context extension)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a progress bar per load would flood every rank's log
+    register_ring_attention()
+    cfg = pretrained_config(
+        str(path), rope_scaling=rope_scaling, rope_theta=rope_theta, max_position_embeddings=max_position_embeddings
+    )
+    config = AutoConfig.for_model(**cfg)
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path), config=config, dtype=dtype, attn_implementation=ATTN_NAME, local_files_only=True
+    )
+    return PretrainedLM(hf, source_dir=str(path))
