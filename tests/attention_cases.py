@@ -182,3 +182,43 @@ def doc_ring_vs_reference(rank: int, world: int, cases: list[dict]) -> list[dict
             }
         )
     return results
+
+
+def usp_vs_reference(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """Ulysses × ring: forward+backward on USP shards vs the float64 (document-masked) reference.
+
+    Each data-parallel replica (world / (U · R) of them) gets its own inputs (seed + replica index).
+    """
+    from workers.attention.ulysses import usp_attention, usp_group_ranks, usp_shard_sequence, usp_unshard_sequence
+
+    results = []
+    for case in cases:
+        u, r = case["ulysses"], case["ring"]
+        uly_ranks, ring_ranks = usp_group_ranks(world, u, r)
+        uly = [dist.new_group(g) for g in uly_ranks]  # every rank creates every group, in one order
+        rings = [dist.new_group(g) for g in ring_ranks]
+        my_uly = next(g for g, ranks in zip(uly, uly_ranks, strict=True) if rank in ranks)
+        my_ring = next(g for g, ranks in zip(rings, ring_ranks, strict=True) if rank in ranks)
+        replica = rank // (u * r)
+        dtype, layout, causal = case["dtype"], case["layout"], case["causal"]
+        q, k, v, dout = make_inputs(
+            case["seed"] + replica, case["b"], case["s"], case["h"], case["hk"], case["d"], dtype
+        )
+        cu = None if case.get("cu_seqlens") is None else torch.tensor(case["cu_seqlens"], dtype=torch.int32)
+        qr, kr, vr = (t.detach().double().clone().requires_grad_() for t in (q, k, v))
+        ref = reference_attention(qr, kr, vr, causal) if cu is None else reference_doc_attention(qr, kr, vr, causal, cu)
+        ref.backward(dout.double())
+        shards = [usp_shard_sequence(t, 1, layout, my_uly, my_ring).requires_grad_() for t in (q, k, v)]
+        out = usp_attention(
+            *shards, causal=causal, layout=layout, ulysses_group=my_uly, ring_group=my_ring, cu_seqlens=cu
+        )
+        out.backward(usp_shard_sequence(dout, 1, layout, my_uly, my_ring))
+        full = [usp_unshard_sequence(x, 1, layout, my_uly, my_ring) for x in (out.detach(), *(t.grad for t in shards))]
+        results.append(
+            {
+                "case": {k: (str(v) if k == "dtype" else v) for k, v in case.items()},
+                "errors": [_err(a, b) for a, b in zip(full, (ref, qr.grad, kr.grad, vr.grad), strict=True)],
+                "dtypes": [str(x.dtype) for x in full],
+            }
+        )
+    return results

@@ -3,12 +3,20 @@
 Layout of the package (each piece small, after ring-flash-attention's shape): `layouts` (how a
 sequence is split), `plan` (which block each ring step computes — the only place layouts differ),
 `kernels` (block attention with log-sum-exp, one interface, several backends), `merge` (online
-softmax), `comm` (the ring exchange), `ring` (the autograd function tying them together).
+softmax), `comm` (the ring exchange), `ring` (the autograd function tying them together), `ulysses`
+(Ulysses × ring: all-to-all over heads around the ring).
 """
 
 from workers.attention.kernels import attention_backend
 from workers.attention.layouts import LAYOUTS, shard_positions, shard_sequence, unshard_sequence
 from workers.attention.ring import ring_attention
+from workers.attention.ulysses import (
+    usp_attention,
+    usp_group_ranks,
+    usp_shard_positions,
+    usp_shard_sequence,
+    usp_unshard_sequence,
+)
 
 __all__ = [
     "LAYOUTS",
@@ -17,4 +25,9 @@ __all__ = [
     "shard_positions",
     "shard_sequence",
     "unshard_sequence",
+    "usp_attention",
+    "usp_group_ranks",
+    "usp_shard_positions",
+    "usp_shard_sequence",
+    "usp_unshard_sequence",
 ]
