@@ -25,7 +25,7 @@ class LaunchRequest:
     attempt: int = 0
     placement_timeout_s: float = 600.0
     restarts: int = 0  # restarts the job already used (earlier drivers): the new driver only gets the rest
-    resume_max_step: int | None = None  # a resubmitted driver resumes no later than the points already stored
+    delivered_through: int = 0  # the store holds every point of steps <= this (the new driver replays the rest)
 
 
 class DriverStatus(StrEnum):

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest, NodeInfo
+from workers.protocol import DriverEnv
 
 log = logging.getLogger(__name__)
 
@@ -84,21 +85,23 @@ class RayJobLauncher:
         sid = submission_id_for(req.job_id, req.attempt)
         ckpt = Path(req.checkpoint_dir).expanduser()
         ckpt = (ckpt if ckpt.is_absolute() else Path.cwd() / ckpt) / req.job_id
+        driver = DriverEnv(
+            job_id=req.job_id,
+            control_url=req.control_url,
+            ingest_token=req.ingest_token,
+            checkpoint_dir=str(ckpt),
+            job_spec=req.spec,
+            placement_timeout_s=req.placement_timeout_s,
+            attempt=req.attempt,
+            restarts=req.restarts,
+            delivered_through=req.delivered_through,
+        )
         env = {
             **self.extra_env,
-            "RINGTRAIN_JOB_ID": req.job_id,
-            "RINGTRAIN_CONTROL_URL": req.control_url,
-            "RINGTRAIN_INGEST_TOKEN": req.ingest_token,
-            "RINGTRAIN_CHECKPOINT_DIR": str(ckpt),
-            "RINGTRAIN_JOB_SPEC": req.spec.model_dump_json(),
-            "RINGTRAIN_PLACEMENT_TIMEOUT_S": repr(float(req.placement_timeout_s)),
-            "RINGTRAIN_ATTEMPT": str(req.attempt),
-            "RINGTRAIN_RESTARTS": str(req.restarts),
+            **driver.to_env(),
             "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),
             "PYTHONUNBUFFERED": "1",
         }
-        if req.resume_max_step is not None:
-            env["RINGTRAIN_RESUME_MAX_STEP"] = str(req.resume_max_step)
         try:
             self._client.submit_job(
                 entrypoint=f"{shlex.quote(self.python)} -m {DRIVER_MODULE}",

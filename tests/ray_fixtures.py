@@ -7,7 +7,7 @@ process: `RAY_AUTH_MODE=token`, `RAY_AUTH_TOKEN`). Never `ray.init()` inside the
 subprocesses with `client_env()`, so the session's Ray state stays clean for every test.
 
 `ReportReceiver` implements the report semantics of `POST /v1/jobs/{id}/report` (idempotent by seq, 409 on a
-gap, supersede on `resume_step`) for tests that run drivers without the real API.
+gap, supersede on `resume_step`, replays held once) for tests that run drivers without the real API.
 """
 
 from __future__ import annotations
@@ -129,6 +129,9 @@ class ReportReceiver:
                 job.acked = seq
                 job.arrival.append(seq)
                 if it["type"] == "metric":
+                    key = (it["step"], it["name"], it.get("rank"))
+                    if it.get("replay") and any((p["step"], p["name"], p.get("rank")) == key for p in job.points):
+                        continue  # the store's rule: a replayed point it already holds is skipped
                     job.points.append(it)
                 elif it["type"] == "state":
                     job.states.append(it)

@@ -132,7 +132,7 @@ from service.local_ray import free_ports
 from ray.cluster_utils import Cluster
 import ray
 from workers.config import JobSpec
-from workers.orchestration.driver import reserve
+from workers.orchestration.reservation import reserve
 from workers.orchestration.placement import node_crossings, nodes_per_ring, ring_crossings
 
 def node_args(cpus, head=False):
@@ -161,7 +161,7 @@ try:
         out[key] = {
             "strategy": g.strategy, "reason": reasons[0],
             "placement": [p.model_dump() for p in g.placement()],
-            "actor_node": [actor_nodes[a.actor_index]["node_id"] for a in g.assignments],
+            "actor_node": [actor_nodes[a.actor_index].node_id for a in g.assignments],
             "crossings": ring_crossings(g.assignments, ring), "nodes_per_ring": nodes_per_ring(g.assignments, ring),
         }
         g.teardown()

@@ -1,4 +1,5 @@
-"""What a job's driver reports to the control plane (`POST /v1/jobs/{id}/report`).
+"""The contract between the control plane and a job's driver: what the driver is started with (`DriverEnv`)
+and what it reports back (`POST /v1/jobs/{id}/report`).
 
 Defined here, in the lowest layer that produces it; the service and API import these models.
 Every item carries the driver's own sequence number (1, 2, 3, ... per job, never reused, also
@@ -12,6 +13,9 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from workers.config import JobSpec
 
 
 class JobState(StrEnum):
@@ -66,6 +70,11 @@ class MetricPoint(_Wire):
 class MetricItem(MetricPoint):
     type: Literal["metric"] = "metric"
     seq: int = Field(ge=1, le=BIG)
+    replay: bool = Field(
+        False,
+        description="re-sent from a rank's metrics journal after a failure: the server skips it when it already "
+        "holds a point with the same (step, name, rank)",
+    )
 
 
 class StateItem(_Wire):
@@ -101,3 +110,30 @@ class ReportAck(BaseModel):
     """The highest driver sequence number the server has durably applied."""
 
     acked_seq: int
+
+
+class DriverEnv(BaseSettings):
+    """The driver's environment: written by the control plane's launcher (`to_env`) into the Ray job's runtime_env,
+    read by `python -m workers.driver` (`DriverEnv()`). One model for both sides, so they cannot drift."""
+
+    model_config = SettingsConfigDict(env_prefix="RINGTRAIN_", extra="ignore")
+
+    job_id: str = Field(min_length=1)
+    control_url: str = Field(min_length=1, description="where the driver reports (POST /v1/jobs/{id}/report)")
+    ingest_token: str = Field(min_length=1, description="this job's report token; never a user's or Ray's")
+    checkpoint_dir: str = Field(min_length=1, description="this job's own directory")
+    job_spec: JobSpec
+    placement_timeout_s: float = Field(600.0, gt=0)
+    attempt: int = Field(0, ge=0, description="driver attempt: > 0 when the control plane resubmitted a lost driver")
+    restarts: int = Field(0, ge=0, description="restarts earlier drivers of this job used; this one gets the rest")
+    delivered_through: int = Field(
+        0,
+        ge=0,
+        description="the control plane holds every point of steps <= this (a resubmitted driver replays "
+        "later ones from the metrics journal)",
+    )
+
+    def to_env(self) -> dict[str, str]:
+        env = {f"RINGTRAIN_{k.upper()}": str(v) for k, v in self.model_dump(exclude={"job_spec"}).items()}
+        env["RINGTRAIN_JOB_SPEC"] = self.job_spec.model_dump_json()
+        return env

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -22,26 +23,43 @@ from workers.protocol import MetricPoint
 MAX_BUFFERED_POINTS = 100_000  # per rank; beyond this the oldest points are dropped rather than growing forever
 
 
+@dataclass(frozen=True)
+class RankInfo:
+    """Where an actor landed (asked first, before any rank is assigned)."""
+
+    node_id: str
+    node_ip: str
+    gpu_ids: tuple[str, ...]
+    pid: int
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank's `train()` returns to the driver."""
+
+    final_step: int
+    final_loss: float | None
+    resumed_from: int | None
+    attention_backend: str
+    stopped: bool
+    seconds: float
+
+
 class RankActor:
     """Plain class; `ray.remote(...)(RankActor).options(...)` makes the actor (see `remote_rank_actor`)."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
-        self._points: deque[dict[str, Any]] = deque(maxlen=MAX_BUFFERED_POINTS)
+        self._points: deque[MetricPoint] = deque(maxlen=MAX_BUFFERED_POINTS)
         self._lock = threading.Lock()
         self._rank: int | None = None
         self._device: str = "cpu"
 
     # -- where am I --------------------------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RankInfo:
         ctx = ray.get_runtime_context()
-        gpu_ids = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
-        return {
-            "node_id": ctx.get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "gpu_ids": gpu_ids,
-            "pid": os.getpid(),
-        }
+        gpu_ids = tuple(str(g) for g in ctx.get_accelerator_ids().get("GPU", []))
+        return RankInfo(ctx.get_node_id(), ray.util.get_node_ip_address(), gpu_ids, os.getpid())
 
     def free_port(self) -> int:
         """A free TCP port on this node, for the rendezvous hosted by rank 0."""
@@ -92,29 +110,41 @@ class RankActor:
         return device
 
     # -- training ------------------------------------------------------------------------------------------------
-    def train(self, spec_json: str, checkpoint_dir: str | None, max_steps: int | None = None) -> dict[str, Any]:
-        """Run training to the end (or until stopped); returns TrainResult as a dict. Exceptions propagate."""
+    def train(
+        self, spec_json: str, checkpoint_dir: str | None, resume_step: int, max_steps: int | None = None
+    ) -> RankResult:
+        """Run training from the checkpoint at `resume_step` (0: from scratch) to the end or until stopped.
+        Exceptions propagate (the driver tells a dead peer from a raising rank)."""
         import torch
 
         from workers.config import JobSpec
         from workers.training.trainer import run_training
 
         spec = JobSpec.model_validate_json(spec_json)
-        device = torch.device(self._device)
         t0 = time.time()
         result = run_training(
-            spec, checkpoint_dir=checkpoint_dir, emit=self._emit, stop=self._stop, device=device, max_steps=max_steps
+            spec,
+            checkpoint_dir=checkpoint_dir,
+            emit=self._emit,
+            stop=self._stop,
+            device=torch.device(self._device),
+            max_steps=max_steps,
+            resume_step=resume_step,
         )
-        out = {k: getattr(result, k) for k in ("final_step", "final_loss", "resumed_from", "attention_backend")}
-        out["stopped"] = self._stop.is_set()
-        out["seconds"] = time.time() - t0
-        return out
+        return RankResult(
+            final_step=result.final_step,
+            final_loss=result.final_loss,
+            resumed_from=result.resumed_from,
+            attention_backend=result.attention_backend,
+            stopped=self._stop.is_set(),
+            seconds=time.time() - t0,
+        )
 
     def _emit(self, point: MetricPoint) -> None:
         with self._lock:
-            self._points.append(point.model_dump())
+            self._points.append(point)
 
-    def drain_metrics(self) -> list[dict[str, Any]]:
+    def drain_metrics(self) -> list[MetricPoint]:
         with self._lock:
             out = list(self._points)
             self._points.clear()

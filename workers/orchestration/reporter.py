@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 
 import httpx
+import tenacity
 
 from workers.protocol import JobState, LogItem, MetricItem, MetricPoint, RankPlacement, ReportAck, StateItem
 
@@ -110,9 +111,11 @@ class Reporter:
             droppable=False,
         )
 
-    def metric(self, point: MetricPoint) -> bool:
+    def metric(self, point: MetricPoint, *, replay: bool = False) -> bool:
+        """Queue a point; `replay`: re-sent after a failure (the server skips it if it already holds it).
+        Replays are never dropped: they are what a retry must not lose."""
         data = point.model_dump()
-        return self._enqueue(lambda s: MetricItem(seq=s, **data), droppable=True)
+        return self._enqueue(lambda s: MetricItem(seq=s, replay=replay, **data), droppable=not replay)
 
     def log(self, line: str, source: str = "driver") -> bool:
         now = time.time()
@@ -124,7 +127,13 @@ class Reporter:
 
     # -- sender thread -------------------------------------------------------------------------------------------
     def _run(self) -> None:
-        backoff = 0.0
+        send = tenacity.Retrying(
+            wait=tenacity.wait_exponential(multiplier=0.1, max=self._backoff_max_s),  # 0.1 s, doubling, capped
+            retry=tenacity.retry_if_result(lambda ok: not ok),
+            stop=lambda _: self._closing,
+            sleep=self._pause,
+            retry_error_callback=lambda _: False,  # closing while the control plane is unreachable
+        )
         while True:
             with self._cond:
                 while not self._closing and not self._queue and not self._window and self._handshake_done:
@@ -136,19 +145,22 @@ class Reporter:
                         factory, _ = self._queue.popleft()
                         self._window.append(factory(self._next_seq))
                         self._next_seq += 1
-                batch = self._window[: self._limit]
-            ok = self._post(batch)
-            if ok:
-                backoff = 0.0
-                with self._cond:  # let a few items gather unless there is a backlog
-                    if self.pending() < self._max_batch and not self._closing:
-                        self._cond.wait(timeout=self._interval_s)
-            else:
-                backoff = min(self._backoff_max_s, backoff * 2 if backoff else 0.1)
-                with self._cond:
-                    if self._closing:
-                        return
-                    self._cond.wait(timeout=backoff)
+            if not send(self._send_window):
+                return
+            with self._cond:  # let a few items gather unless there is a backlog
+                if self.pending() < self._max_batch and not self._closing:
+                    self._cond.wait(timeout=self._interval_s)
+
+    def _pause(self, seconds: float) -> None:
+        """Back-off sleep that `close()` cuts short."""
+        with self._cond:
+            if not self._closing:
+                self._cond.wait(timeout=seconds)
+
+    def _send_window(self) -> bool:
+        with self._cond:
+            batch = self._window[: self._limit]
+        return self._post(batch)
 
     def _post(self, batch: list[ReportItemT]) -> bool:
         body = '{"items":[' + ",".join(it.model_dump_json() for it in batch) + "]}"

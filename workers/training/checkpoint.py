@@ -69,22 +69,6 @@ def latest_step(root: str | Path) -> int | None:
     return steps[-1] if steps else None
 
 
-def resume_point(root: str | Path, through: int, eval_every: int = 0) -> int:
-    """The newest checkpoint a retry may resume from when the points of steps 1..`through` are known to be
-    delivered (0: start over). Checkpoints newer than that are removed, because training always resumes from the
-    latest one: resuming past undelivered points would lose them for good (those steps are never run again).
-    A checkpoint at an eval step needs one step more: the eval points are emitted after the step's own."""
-    usable = [c for c in list_steps(root) if c < through or (c == through and not (eval_every and c % eval_every == 0))]
-    best = max(usable, default=0)
-    for newer in [c for c in list_steps(root) if c > best]:
-        final = step_dir(root, newer)
-        hidden = Path(root) / f".discarded-{final.name}"
-        shutil.rmtree(hidden, ignore_errors=True)
-        final.rename(hidden)  # invisible at once; a crash before the rmtree leaves only hidden debris
-        shutil.rmtree(hidden, ignore_errors=True)
-    return best
-
-
 def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
