@@ -162,7 +162,8 @@ def test_mesh_groups_grad_allreduce_and_passkey_eval_grid():
             expected[cell_name(length, depth)] = sum(int(k[0]) % 2 == 0 for k in keys) / 5
     assert 0 < sum(expected.values()) / 4 < 1  # the corrupted oracle is neither all right nor all wrong
     for o in out:  # every rank gets the same numbers
-        perfect, corrupted = o["acc"][False], o["acc"][True]
+        # exact match only (answer-token accuracy is checked in tests/test_passkey.py)
+        perfect, corrupted = ({k: v for k, v in o["acc"][c].items() if k.startswith("passkey_acc")} for c in (0, 1))
         assert perfect == {"passkey_acc": 1.0, **{name: 1.0 for name in expected}}
         assert corrupted == {"passkey_acc": pytest.approx(sum(expected.values()) / 4), **expected}
 

@@ -81,6 +81,13 @@ class ModelConfig(StrictModel):
         return self
 
 
+class CurriculumStage(StrictModel):
+    """Train `steps` steps on contexts of `seq_len` tokens (a curriculum stage, before data.seq_len)."""
+
+    steps: int = Field(..., ge=1, le=10_000_000)
+    seq_len: int = Field(..., ge=64, le=MAX_SEQ_LEN)
+
+
 class PasskeyData(StrictModel):
     """Synthetic retrieval: a random key hidden at `depth` in filler text, asked for at the end."""
 
@@ -89,6 +96,11 @@ class PasskeyData(StrictModel):
     depth: float | None = Field(None, ge=0.0, le=1.0, description="where the key sits; None = random per sample")
     key_digits: int = Field(5, ge=1, le=20)
     answer_weight: float = Field(1.0, ge=0.0, le=1e4, description="extra loss weight on the answer tokens")
+    curriculum: list[CurriculumStage] = Field(
+        default_factory=list,
+        max_length=32,
+        description="shorter contexts first: stages trained in order, then data.seq_len for the remaining steps",
+    )
 
 
 class TextData(StrictModel):
@@ -495,6 +507,14 @@ class JobSpec(StrictModel):
                 )
         if self.data.kind == "passkey" and self.data.seq_len < 16 * self.data.key_digits:
             _fail("data.seq_len", self.data.seq_len, "data.seq_len is too short to hide a passkey")
+        for i, stage in enumerate(self.data.curriculum if self.data.kind == "passkey" else []):
+            if stage.seq_len > self.data.seq_len or stage.seq_len % need or stage.seq_len < 16 * self.data.key_digits:
+                _fail(
+                    f"data.curriculum.{i}.seq_len",
+                    stage.seq_len,
+                    f"curriculum seq_len {stage.seq_len} must be ≤ data.seq_len ({self.data.seq_len}), "
+                    f"≥ 16 · key_digits and divisible by {need}",
+                )
         return self
 
     @property
@@ -547,6 +567,7 @@ __all__ = [
     "MAX_SEQ_LEN",
     "SKIP_FILE_CHECKS",
     "CheckpointConfig",
+    "CurriculumStage",
     "DataConfig",
     "EvalConfig",
     "HFModelConfig",

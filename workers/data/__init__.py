@@ -10,7 +10,7 @@ from workers.config import JobSpec
 from workers.data.batch import Batch, from_windows, take_shard
 from workers.data.passkey import PasskeySample, PasskeySource, make_sample, sample_generator
 from workers.data.text import TextSource, load_corpus
-from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer
+from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer, tokenizer_for
 
 DataSource = PasskeySource | TextSource
 
@@ -18,7 +18,8 @@ DataSource = PasskeySource | TextSource
 def build_source(spec: JobSpec) -> DataSource:
     d, seed = spec.data, spec.train.seed
     if d.kind == "passkey":
-        return PasskeySource(d.seq_len, d.key_digits, d.depth, d.answer_weight, seed)
+        stages = [(s.steps, s.seq_len) for s in d.curriculum]
+        return PasskeySource(d.seq_len, d.key_digits, d.depth, d.answer_weight, seed, tokenizer_for(spec), stages)
     return TextSource(d.path, d.seq_len, seed, d.text_field)
 
 
