@@ -1,8 +1,9 @@
 """GPU check for ring attention (run by bench/gpu_check.sh on a CUDA machine; a few minutes at most).
 
-Single process: exactness of every CUDA block backend vs a float64 reference, and block-kernel TFLOP/s
-(causal forward+backward) against torch SDPA on the same inputs. Under torchrun (one process per GPU,
-NCCL): the ring's exactness and per-rank time on every visible GPU for each layout.
+Single process: exactness of every CUDA block backend (out and dq/dk/dv, dense and packed documents) vs a
+float64 reference, and block-kernel TFLOP/s (causal forward+backward) against torch SDPA on the same
+inputs. Under torchrun (one process per GPU, NCCL): the ring's exactness (forward and backward) and
+per-rank time on every visible GPU for each layout.
 """
 
 from __future__ import annotations
@@ -14,15 +15,33 @@ import torch
 import torch.distributed as dist
 
 from workers.attention import attention_backend, ring_attention, shard_sequence, unshard_sequence
+from workers.attention.kernels import CUDA_BACKENDS, flash_attn_available
 
 
-def _ref(q, k, v):  # type: ignore[no-untyped-def]
+def _ref(q, k, v, cu=None):  # type: ignore[no-untyped-def]
+    """Float64 causal attention (document-masked when `cu` is given), on q's device."""
     b, s, h, d = q.shape
     hk = k.shape[2]
     qg = q.double().reshape(b, s, hk, h // hk, d)
     sc = torch.einsum("bqkgd,bskd->bkgqs", qg, k.double()) * d**-0.5
-    sc = sc.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    hidden = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    if cu is not None:
+        ids = torch.searchsorted(cu.to(q.device).long(), torch.arange(s, device=q.device), right=True)
+        hidden |= ids[:, None] != ids[None, :]
+    sc = sc.masked_fill(hidden, float("-inf"))
     return torch.einsum("bkgqs,bskd->bqkgd", sc.softmax(-1), v.double()).reshape(b, s, h, d)
+
+
+def _grads_vs_ref(fn, q, k, v, cu=None) -> list[float]:  # type: ignore[no-untyped-def]
+    """Relative errors of (out, dq, dk, dv) of `fn(q, k, v)` against float64 autograd on the same inputs."""
+    qx, kx, vx = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(qx, kx, vx)
+    g = torch.randn_like(out)
+    out.backward(g)
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = _ref(qr, kr, vr, cu)
+    ref.backward(g.double())
+    return [_rel(a, b) for a, b in ((out, ref), (qx.grad, qr.grad), (kx.grad, kr.grad), (vx.grad, vr.grad))]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -42,13 +61,30 @@ def _timed(fn, iters: int = 5) -> float:  # type: ignore[no-untyped-def]
 def single() -> None:
     dev = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    for dtype in (torch.bfloat16, torch.float32):
-        q, k, v = (torch.randn(1, 1024, n, 64, device=dev, dtype=dtype) for n in (8, 2, 2))
-        out = ring_attention(q, k, v)
-        print(
-            f"exactness {dtype!s:15s} backend={attention_backend(dev, dtype):17s} "
-            f"rel err vs fp64 = {_rel(out, _ref(q, k, v)):.2e}"
-        )
+    print(f"capability {torch.cuda.get_device_capability()}, flash-attn importable: {flash_attn_available()}")
+    cu = torch.tensor([0, 1, 100, 101, 700, 1024], dtype=torch.int32)
+    for backend in CUDA_BACKENDS:
+        if backend == "flash_attn" and not flash_attn_available():
+            print(f"exactness {backend:17s} skipped (not installed)")
+            continue
+        os.environ["RINGTRAIN_ATTN_BACKEND"] = backend
+        for dtype in (torch.bfloat16, torch.float32) if backend == "torch_math" else (torch.bfloat16,):
+            for d in (64, 20):
+                q, k, v = (torch.randn(1, 1024, n, d, device=dev, dtype=dtype) for n in (8, 2, 2))
+                for docs in (None, cu):
+                    try:
+                        errs = _grads_vs_ref(
+                            lambda a, b, c, docs=docs: ring_attention(a, b, c, cu_seqlens=docs), q, k, v, docs
+                        )
+                        msg = " ".join(f"{n}={e:.1e}" for n, e in zip(("out", "dq", "dk", "dv"), errs, strict=True))
+                    except Exception as e:  # report every backend, not just the first failure
+                        msg = f"FAILED {type(e).__name__}: {e}"
+                    print(f"exactness {backend:17s} {dtype!s:15s} d={d:3d} packed={docs is not None!s:5s} {msg}")
+        del os.environ["RINGTRAIN_ATTN_BACKEND"]
+    print(
+        f"selected: bf16 d=64 {attention_backend(dev, torch.bfloat16, 64)}, d=320 "
+        f"{attention_backend(dev, torch.bfloat16, 320)}, fp32 {attention_backend(dev, torch.float32, 64)}"
+    )
     s, h, d = 8192, 32, 128
     flops = 3.5 * 2 * 2 * s * s * h * d / 2  # fwd (2 matmuls) + bwd (2.5×), causal half
     q, k, v = (torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -80,8 +116,16 @@ def ring() -> None:
         gen = torch.Generator(device=dev).manual_seed(0)
         small = 1024 * world  # exactness at a size whose float64 reference fits in memory
         q, k, v = (torch.randn(1, small, n, 64, device=dev, dtype=torch.bfloat16, generator=gen) for n in (8, 2, 2))
-        out = ring_attention(*(shard_sequence(t, 1, layout) for t in (q, k, v)), layout=layout)
-        err = _rel(unshard_sequence(out, 1, layout), _ref(q, k, v))
+        shards = [shard_sequence(t, 1, layout).requires_grad_() for t in (q, k, v)]
+        out = ring_attention(*shards, layout=layout)
+        g = torch.randn(q.shape, device=dev, dtype=torch.bfloat16, generator=gen)  # same on every rank
+        out.backward(shard_sequence(g, 1, layout))
+        full = [unshard_sequence(x, 1, layout) for x in (out.detach(), *(t.grad for t in shards))]
+        qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
+        ref = _ref(qr, kr, vr)
+        ref.backward(g.double())
+        errs = [_rel(a, b) for a, b in zip(full, (ref, qr.grad, kr.grad, vr.grad), strict=True)]
+        err = " ".join(f"{n}={e:.1e}" for n, e in zip(("out", "dq", "dk", "dv"), errs, strict=True))
         s = 4096 * world  # timing: 4k tokens per rank
         loc = [
             torch.randn(1, s // world, n, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for n in (32, 8, 8)
@@ -93,7 +137,7 @@ def ring() -> None:
         if rank == 0:
             ts = [x.item() * 1e3 for x in times]
             print(
-                f"ring W={world} {layout:10s} bf16: rel err {err:.2e} (S={small}); S={s} per-rank fwd+bwd ms "
+                f"ring W={world} {layout:10s} bf16: rel err {err} (S={small}); S={s} per-rank fwd+bwd ms "
                 f"{' / '.join(f'{x:.1f}' for x in ts)}; imbalance {max(ts) / (sum(ts) / world):.3f}"
             )
     dist.destroy_process_group()

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Ring attention on CUDA: exactness, block-kernel TFLOP/s vs torch SDPA, and the ring on every visible GPU.
+# Ring attention on CUDA: every CUDA backend's forward and backward (dq/dk/dv) vs float64, dense and packed,
+# block-kernel TFLOP/s vs torch SDPA, and the ring (forward + backward) on every visible GPU.
 # Usage (repo root, .venv set up with a CUDA torch): bench/gpu_check.sh   — a few minutes at most.
-set -euo pipefail
+# Every step runs even when an earlier one fails; the exit status is non-zero if any failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible'"
-"$PY" -m pytest -q -m gpu tests/test_attention.py
-"$PY" -m bench.gpu_check
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible'" || exit 1
+status=0
+step() { echo "== $*"; "$@" || { echo "== FAILED: $*"; status=1; }; }
+step "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_attention_gpu.py tests/test_attention.py
+step "$PY" -m bench.gpu_check
 n=$("$PY" -c "import torch; print(torch.cuda.device_count())")
-"$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" -m bench.gpu_check
+step "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" -m bench.gpu_check
+exit $status
