@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        env = DriverEnv()  # type: ignore[call-arg]  # fields come from the environment
+        env = DriverEnv()  # fields come from the RINGTRAIN_* environment
     except ValueError as e:
         raise SystemExit(f"workers.driver: bad or missing RINGTRAIN_* environment: {e}") from None
     cancel = threading.Event()
