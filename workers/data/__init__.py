@@ -20,7 +20,7 @@ def build_source(spec: JobSpec) -> DataSource:
     if d.kind == "passkey":
         stages = [(s.steps, s.seq_len) for s in d.curriculum]
         return PasskeySource(d.seq_len, d.key_digits, d.depth, d.answer_weight, seed, tokenizer_for(spec), stages)
-    return TextSource(d.path, d.seq_len, seed, d.text_field)
+    return TextSource(d.path, d.seq_len, seed, d.text_field, tokenizer_for(spec))
 
 
 __all__ = [

@@ -1,6 +1,7 @@
 """Local text corpora (.txt, .jsonl, .parquet) packed into seq_len + 1 windows.
 
-The corpus is tokenized once (bytes; documents joined by a NUL byte) into one flat array and cut into
+The corpus is tokenized once with the job's tokenizer (bytes for native models, the model's own for
+pretrained ones; documents joined by the tokenizer's `eos_id`) into one flat array and cut into
 non-overlapping windows of seq_len + 1 tokens (consecutive windows share no labels). Each epoch visits
 the windows in a permutation drawn from (seed, epoch), so sample g of the run — g = step · batch + i —
 is a pure function of (corpus, seed, g): the position is just the number of samples consumed.
@@ -16,8 +17,9 @@ import torch
 
 from workers.data.batch import Batch, from_windows
 from workers.data.passkey import sample_generator
+from workers.data.tokenizer import ByteTokenizer, Tokenizer
 
-DOC_SEPARATOR = 0  # NUL byte between documents
+DOC_SEPARATOR = 0  # NUL byte between documents (ByteTokenizer's eos_id)
 
 
 def _documents(path: Path, text_field: str) -> list[bytes]:
@@ -42,8 +44,11 @@ def _documents(path: Path, text_field: str) -> list[bytes]:
     return [path.read_bytes()]  # .txt and anything else: raw bytes
 
 
-def load_corpus(path: str | Path, text_field: str = "text") -> np.ndarray:
-    """One flat uint8 token array for a file, or for every .txt/.jsonl/.parquet in a directory (sorted)."""
+def load_corpus(path: str | Path, text_field: str = "text", tokenizer: Tokenizer | None = None) -> np.ndarray:
+    """One flat token array for a file, or for every .txt/.jsonl/.parquet in a directory (sorted).
+
+    Bytes (uint8) without a tokenizer or with ByteTokenizer; otherwise int32 ids of `tokenizer`.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus {path} does not exist")
@@ -53,15 +58,25 @@ def load_corpus(path: str | Path, text_field: str = "text") -> np.ndarray:
         else [path]
     )
     docs = [d for f in files for d in _documents(f, text_field)]
-    joined = bytes([DOC_SEPARATOR]).join(docs)
-    return np.frombuffer(joined, dtype=np.uint8)
+    if tokenizer is None or isinstance(tokenizer, ByteTokenizer):
+        joined = bytes([DOC_SEPARATOR]).join(docs)
+        return np.frombuffer(joined, dtype=np.uint8)
+    separator = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    ids: list[int] = []
+    for i, doc in enumerate(docs):
+        if i:
+            ids.extend(separator)
+        ids.extend(tokenizer.encode(doc.decode("utf-8", errors="replace")))
+    return np.asarray(ids, dtype=np.int32)
 
 
 class TextSource:
     """Batches of packed windows in a seeded per-epoch order; resumable by sample count."""
 
-    def __init__(self, path: str | Path, seq_len: int, seed: int, text_field: str = "text") -> None:
-        self.tokens = load_corpus(path, text_field)
+    def __init__(
+        self, path: str | Path, seq_len: int, seed: int, text_field: str = "text", tokenizer: Tokenizer | None = None
+    ) -> None:
+        self.tokens = load_corpus(path, text_field, tokenizer)
         self.seq_len, self.seed = seq_len, seed
         self.n_windows = (len(self.tokens) - 1) // seq_len
         if self.n_windows < 1:

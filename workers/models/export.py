@@ -8,6 +8,8 @@ in training. A sharded model (DTensor parameters, FSDP2) is gathered collectivel
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -85,28 +87,39 @@ def llama_config_for(model: Transformer, max_position_embeddings: int) -> Any:
 def save_pretrained(model: nn.Module, out_dir: str | Path, *, max_position_embeddings: int | None = None) -> Path:
     """Write `model` as a transformers directory (weights, config, tokenizer). Collective for sharded models.
 
-    `max_position_embeddings` (native models) records the context the model was trained for.
+    The directory appears complete or not at all (written beside it, then renamed; an older export is
+    replaced). `max_position_embeddings` (native models) records the context the model was trained for.
     """
     out = Path(out_dir)
     state = _full_state_dict(model)
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return out
-    out.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    _write(model, state, staging, max_position_embeddings or DEFAULT_MAX_POSITIONS)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(staging, out)
+    return out
+
+
+def _write(model: nn.Module, state: dict[str, torch.Tensor], out: Path, max_position_embeddings: int) -> None:
     if isinstance(model, PretrainedLM):
         hf_state = {k.removeprefix("hf."): v for k, v in state.items()}
         model.hf.save_pretrained(out, state_dict=hf_state)
         if model.source_dir is not None:
             load_tokenizer(model.source_dir).save_pretrained(out)
-        return out
+        return
     if isinstance(model, Transformer):
         from transformers import LlamaForCausalLM
 
-        config = llama_config_for(model, max_position_embeddings or DEFAULT_MAX_POSITIONS)
+        config = llama_config_for(model, max_position_embeddings)
         with torch.device("meta"):
             llama = LlamaForCausalLM(config)
         llama.load_state_dict(_native_to_llama(state, model.cfg.tie_embeddings), assign=True, strict=True)
         llama.tie_weights()
         llama.save_pretrained(out)
         save_byte_tokenizer(out)
-        return out
+        return
     raise TypeError(f"cannot export a {type(model).__name__}: expected a ringtrain Transformer or PretrainedLM")

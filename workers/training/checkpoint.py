@@ -104,7 +104,13 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: dict[s
     torch.save(rng_state(), rng_file)
     _fsync(rng_file)
     if rank == 0:
-        weights = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+        weights, seen = {}, set()
+        for k, v in model.state_dict().items():
+            t = v.detach().to("cpu", torch.float32).contiguous()
+            if t.data_ptr() in seen:  # tied weights (a head sharing the embedding): safetensors refuses aliases
+                t = t.clone()
+            seen.add(t.data_ptr())
+            weights[k] = t
         save_file(weights, tmp / "model.safetensors", metadata={"step": str(step)})
         torch.save({"step": step, **state}, tmp / "state.pt")
         for name in ("model.safetensors", "state.pt"):

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from workers.config import JobSpec
 from workers.data import Batch, build_source, take_shard
-from workers.models import SequenceParallel, attention_backend, model_for, token_losses
+from workers.models import SequenceParallel, attention_backend, model_for, save_pretrained, token_losses
 from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
 from workers.training.evals import passkey_accuracy
@@ -128,6 +128,12 @@ class Trainer:
         }
         save_checkpoint(self.checkpoint_dir, self.step, self.model, state, keep=self.spec.checkpoint.keep)
 
+    def export(self) -> None:
+        """The finished model as a transformers directory, `<checkpoint dir>/model/` (collective: all ranks call)."""
+        if self.checkpoint_dir is not None:
+            longest = max(self.spec.data.seq_len, *self.spec.eval_context_lengths())
+            save_pretrained(self.model, self.checkpoint_dir / "model", max_position_embeddings=longest)
+
     # -- metrics -------------------------------------------------------------------------------------------------
     def point(self, name: str, value: float, rank: int | None = None) -> None:
         p = MetricPoint(step=self.step, name=name, value=float(value), rank=rank, time=time.time())
@@ -220,6 +226,8 @@ class Trainer:
             self.evaluate()
         if self.step != saved_at:
             self.save()
+        if self.step >= spec.train.steps:
+            self.export()
         if self.journal is not None:
             self.journal.close()
         if self.mesh.world > 1:
