@@ -3,6 +3,7 @@ driver by POSTing real reports (the real protocol)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -265,6 +266,40 @@ def test_cancel_during_submit_backoff_submits_nothing(tmp_path):
         assert c.post(f"/v1/jobs/{j['id']}/cancel").json()["state"] == "CANCELLED"
         wait_for(lambda: j["id"] not in controller._submitting, timeout=15)  # the retry ran and gave up quietly
         assert launcher.submits == [] and job(c, j["id"])["state"] == "CANCELLED"
+
+
+def test_series_snapshot(srv):
+    """GET /series (the dashboard's first load): series by name then rank, NaN as null, M4 decimation keeps the
+    first, last, minimum and maximum point, the log tail in order, all as of last_seq."""
+    c = srv.client()
+    j = submit(c)
+    d = Driver(srv, j["id"])
+    d.state("RUNNING", reason="placed")
+    wave = [((s * 37) % 11) - 5.0 for s in range(1, 41)]  # min -5 and max 5 fall inside buckets, not at edges
+    items = [d.item("metric", step=s, name="loss", value=v) for s, v in zip(range(1, 41), wave, strict=True)]
+    items[2]["value"] = float("nan")
+    items += [d.item("metric", step=s, name="mem", rank=r, value=100.0 * r + s) for s in (1, 2) for r in (1, 0)]
+    items += [d.item("log", source="driver", line=f"line {i}") for i in range(3)]
+    r = d.http.post(
+        f"/v1/jobs/{j['id']}/report", content=json.dumps({"items": items}), headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 200, r.text
+    full = c.get(f"/v1/jobs/{j['id']}/series", params={"max_points": 100, "logs": 2}).json()
+    assert [(s["name"], s["rank"]) for s in full["series"]] == [("loss", None), ("mem", 0), ("mem", 1)]
+    loss = full["series"][0]
+    assert loss["count"] == 40 and not loss["downsampled"] and loss["step"] == list(range(1, 41))
+    assert loss["value"][2] is None and loss["value"][3:] == wave[3:]
+    assert full["series"][1]["value"] == [1.0, 2.0] and full["series"][2]["value"] == [101.0, 102.0]
+    assert [line["line"] for line in full["logs"]] == ["line 1", "line 2"]
+    stored = srv.app.state.ctx.store.events_after(j["id"], 0, 1000)
+    assert full["last_seq"] == stored[-1].seq and full["job"]["id"] == j["id"]
+    small = c.get(f"/v1/jobs/{j['id']}/series", params={"max_points": 16, "logs": 0}).json()
+    dec = small["series"][0]
+    assert dec["downsampled"] and dec["count"] == 40 and len(dec["step"]) <= 16 and small["logs"] == []
+    assert dec["step"] == sorted(dec["step"]) and dec["step"][0] == 1 and dec["step"][-1] == 40
+    kept = dict(zip(dec["step"], dec["value"], strict=True))
+    assert all(kept[s] == loss["value"][s - 1] for s in kept)
+    assert min(v for v in kept.values() if v is not None) == -5.0 and max(kept.values(), key=lambda v: v or -9) == 5.0
 
 
 def test_data_roots_and_cluster_limits(srv, tmp_path):

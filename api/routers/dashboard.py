@@ -76,7 +76,7 @@ def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: 
     series: list[SeriesOut] = []
     for sr in store.metric_series(job_id, through=last):
         steps = np.asarray(sr.steps, dtype=np.int64)
-        values = np.asarray([np.nan if v is None else v for v in sr.values], dtype=np.float64)
+        values = np.array(sr.values, dtype=np.float64)  # None → NaN
         values[~np.isfinite(values)] = np.nan
         if len(steps) > 1 and (np.diff(steps) < 0).any():  # steps out of seq order: sort by step, stable
             order = np.argsort(steps, kind="stable")
