@@ -123,9 +123,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        msg = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404 and msg == "Not Found":
+        # our routes answer with ApiError; a Starlette 404 is the router's (or StaticFiles') "no such path"
+        if exc.status_code == 404:
             msg = "no such endpoint; see /docs for the API"
+        else:
+            msg = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         return _respond(ApiError(exc.status_code, msg, headers=getattr(exc, "headers", None)))
 
     @app.exception_handler(JobNotFound)
