@@ -12,22 +12,40 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workers.attention import shard_positions, shard_sequence
+from workers.attention import shard_positions, shard_sequence, usp_shard_positions, usp_shard_sequence
 
 
 @dataclass
 class Batch:
-    """`inputs`, `labels`, `weights` are [batch, seq]; `positions` [seq] are global position ids."""
+    """`inputs`, `labels`, `weights` are [batch, seq]; `positions` [seq] are global position ids.
+
+    Packed documents (`data.pack: documents`) add `cu_seqlens`, the document boundaries of every row in
+    flash-attn's varlen convention over the rows of this batch ([0, …, S, …, rows·S], int32, global
+    sequence positions: the same on every ring rank), and `doc_positions` [batch, seq], the RoPE positions,
+    restarting at 0 in every document.
+    """
 
     inputs: torch.Tensor
     labels: torch.Tensor
     weights: torch.Tensor
     positions: torch.Tensor
+    cu_seqlens: torch.Tensor | None = None
+    doc_positions: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)
         return Batch(
-            *(t.to(device, non_blocking=True) for t in (self.inputs, self.labels, self.weights, self.positions))
+            *(move(t) for t in (self.inputs, self.labels, self.weights, self.positions)),
+            cu_seqlens=move(self.cu_seqlens),
+            doc_positions=move(self.doc_positions),
         )
+
+
+def rows_cu_seqlens(cu_seqlens: torch.Tensor, first: int, stop: int, seq_len: int) -> torch.Tensor:
+    """The varlen boundaries of rows [first, stop) of a batch, renumbered from 0."""
+    lo, hi = first * seq_len, stop * seq_len
+    keep = cu_seqlens[(cu_seqlens >= lo) & (cu_seqlens <= hi)]
+    return (keep - lo).to(torch.int32)
 
 
 def from_windows(windows: torch.Tensor, weights: torch.Tensor | None = None) -> Batch:
@@ -39,20 +57,39 @@ def from_windows(windows: torch.Tensor, weights: torch.Tensor | None = None) -> 
 
 
 def take_shard(
-    batch: Batch, *, dp_index: int, dp_size: int, layout: str, ring_group: dist.ProcessGroup | None
+    batch: Batch,
+    *,
+    dp_index: int,
+    dp_size: int,
+    layout: str,
+    ring_group: dist.ProcessGroup | None,
+    ulysses_group: dist.ProcessGroup | None = None,
 ) -> Batch:
     """This rank's part: the rows of its data-parallel replica, the sequence shard of its ring rank.
 
-    `ring_group=None` means no sequence parallelism (the whole sequence stays local). No communication.
+    `ring_group=None` means no sequence parallelism (the whole sequence stays local). With a
+    `ulysses_group` (Ulysses × ring), the shard is `usp_shard_positions`'s. No communication.
+    `cu_seqlens` stay global in the sequence (every ring rank gets the same), restricted to the replica's rows.
     """
-    rows = batch.inputs.shape[0]
+    rows, seq_len = batch.inputs.shape
     if rows % dp_size:
         raise ValueError(f"global batch of {rows} is not divisible by data_parallel={dp_size}")
     per = rows // dp_size
     sl = slice(dp_index * per, (dp_index + 1) * per)
-    if ring_group is None:
-        return Batch(batch.inputs[sl], batch.labels[sl], batch.weights[sl], batch.positions)
-    rank, world = dist.get_rank(ring_group), dist.get_world_size(ring_group)
-    pick = lambda t: shard_sequence(t[sl], 1, layout, ring_group)
-    pos = shard_positions(batch.inputs.shape[1], layout, rank, world)
-    return Batch(pick(batch.inputs), pick(batch.labels), pick(batch.weights), pos)
+    cu = None if batch.cu_seqlens is None else rows_cu_seqlens(batch.cu_seqlens, sl.start, sl.stop, seq_len)
+    if ring_group is None and ulysses_group is None:
+        pick = lambda t: t[sl]
+        pos = batch.positions
+    elif ulysses_group is None:
+        rank, world = dist.get_rank(ring_group), dist.get_world_size(ring_group)
+        pick = lambda t: shard_sequence(t[sl], 1, layout, ring_group)
+        pos = shard_positions(seq_len, layout, rank, world)
+    else:
+        if ring_group is None:
+            raise ValueError("Ulysses sharding needs the ring group too (a one-rank group when ring_size is 1)")
+        pick = lambda t: usp_shard_sequence(t[sl], 1, layout, ulysses_group, ring_group)
+        u, nu = dist.get_rank(ulysses_group), dist.get_world_size(ulysses_group)
+        r, nr = dist.get_rank(ring_group), dist.get_world_size(ring_group)
+        pos = usp_shard_positions(seq_len, layout, u, nu, r, nr)
+    doc_pos = None if batch.doc_positions is None else pick(batch.doc_positions)
+    return Batch(pick(batch.inputs), pick(batch.labels), pick(batch.weights), pos, cu, doc_pos)
