@@ -33,11 +33,16 @@ class Batch:
     doc_positions: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Batch:
-        move = lambda t: None if t is None else t.to(device, non_blocking=True)
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
         return Batch(
-            *(move(t) for t in (self.inputs, self.labels, self.weights, self.positions)),
-            cu_seqlens=move(self.cu_seqlens),
-            doc_positions=move(self.doc_positions),
+            move(self.inputs),
+            move(self.labels),
+            move(self.weights),
+            move(self.positions),
+            cu_seqlens=None if self.cu_seqlens is None else move(self.cu_seqlens),
+            doc_positions=None if self.doc_positions is None else move(self.doc_positions),
         )
 
 
