@@ -32,7 +32,7 @@ import pytest
 
 from service.local_ray import RayHead
 from service.ray_jobs import RayJobLauncher
-from tests.api_harness import ALICE, TOKENS, Driver, RecordingLauncher, free_port, running, wait_for
+from tests.api_harness import ALICE, TOKENS, free_port, running, wait_for
 from tests.ray_fixtures import ray_state
 from workers.training.checkpoint import latest_step, list_steps
 
@@ -106,23 +106,68 @@ def stored_points(c: httpx.Client, jid: str) -> list[dict[str, Any]]:
             return out
 
 
-def exactly_once(c: httpx.Client, jid: str, steps: int) -> dict[str, int]:
-    """Assert one `loss` per step 1..steps and no (step, name, rank) twice; return the counts for the report."""
+# What the trainer emits, from the spec's metric contract (SPEC §"metrics"), not from what was stored.
+GLOBAL_EVERY_STEP = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")  # rank None, every step 1..N
+PER_RANK_EVERY_STEP = ("mem_peak_bytes",)  # every rank, every step 1..N
+PER_RANK_AT_LEAST_ONCE = ("state_bytes",)  # SPEC: every rank reports it at least once (when the trainer emits it)
+
+
+def eval_names(js: dict[str, Any]) -> list[str]:
+    """The passkey grid's names: the two means, then one exact-match and one per-token cell per (length, depth)."""
+    ev = js.get("eval", {})
+    lengths = ev.get("context_lengths") or [js["data"]["seq_len"]]
+    depths = ev.get("depths", [0.1, 0.5, 0.9])
+    cells = [(length, d) for length in lengths for d in depths]
+    return [
+        "passkey_acc",
+        "passkey_token_acc",
+        *(f"passkey_acc/len={length}/depth={d:.2f}" for length, d in cells),
+        *(f"passkey_token_acc/len={length}/depth={d:.2f}" for length, d in cells),
+    ]
+
+
+def expected_keys(js: dict[str, Any]) -> set[tuple[int, str, int | None]]:
+    """Every (step, name, rank) a successful run of spec `js` stores exactly once, whatever faults it survived."""
+    steps = js["train"]["steps"]
+    par = js.get("parallel", {})
+    ranks = range(par.get("ring_size", 1) * par.get("data_parallel", 1))
+    keys = {(s, n, None) for s in range(1, steps + 1) for n in GLOBAL_EVERY_STEP}
+    keys |= {(s, n, r) for s in range(1, steps + 1) for n in PER_RANK_EVERY_STEP for r in ranks}
+    ev = js.get("eval", {})
+    if ev.get("enabled", True):
+        every = ev.get("every_steps", 0)
+        at = set(range(every, steps + 1, every)) if every else set()
+        for s in at | {steps}:  # and once after the last step if that was not an eval step
+            keys |= {(s, n, None) for n in eval_names(js)}
+    return keys
+
+
+def exactly_once(c: httpx.Client, jid: str, js: dict[str, Any]) -> dict[str, int]:
+    """Assert the stored series is exactly `expected_keys(js)`: no key missing, none extra, none twice, seq strictly
+    increasing. Per-rank `state_bytes` (at least once per rank, at any step) is checked separately."""
     pts = stored_points(c, jid)
-    loss = Counter(p["step"] for p in pts if p["name"] == "loss")
     keys = Counter((p["step"], p["name"], p["rank"]) for p in pts)
+    once = {k for k in keys if k[1] in PER_RANK_AT_LEAST_ONCE}
+    stored = set(keys) - once
+    want = expected_keys(js)
     seqs = [p["seq"] for p in pts]
     counts = {
-        "expected": steps,
-        "stored": sum(loss.values()),
-        "lost": sum(1 for s in range(1, steps + 1) if s not in loss),
-        "duplicated": sum(n - 1 for n in loss.values() if n > 1),
-        "any_key_duplicated": sum(n - 1 for n in keys.values() if n > 1),
-        "points_total": len(pts),
+        "expected": len(want),
+        "stored": len(pts),
+        "lost": len(want - stored),
+        "unexpected": len(stored - want),
+        "duplicated": sum(n - 1 for n in keys.values() if n > 1),
+        "loss_points": sum(1 for k in stored if k[1] == "loss"),
     }
-    print(f"\n[faults] job {jid}: loss points {counts}")
-    assert sorted(loss) == list(range(1, steps + 1)), counts
-    assert counts["duplicated"] == 0 and counts["any_key_duplicated"] == 0, counts
+    print(f"\n[faults] job {jid}: points {counts}")
+    assert stored == want, (counts, sorted(want - stored)[:10], sorted(stored - want)[:10])
+    assert counts["duplicated"] == 0, (counts, [k for k, n in keys.items() if n > 1][:10])
+    if once:  # the trainer emits state_bytes: every rank, none twice (checked above), steps within the run
+        par = js.get("parallel", {})
+        ranks = set(range(par.get("ring_size", 1) * par.get("data_parallel", 1)))
+        for name in {k[1] for k in once}:
+            assert {k[2] for k in once if k[1] == name} == ranks, sorted(once)
+        assert all(0 <= k[0] <= js["train"]["steps"] for k in once), sorted(once)
     assert seqs == sorted(set(seqs))  # seq strictly increasing, never reused
     return counts
 
@@ -131,8 +176,8 @@ def states(job: dict[str, Any]) -> list[str]:
     return [t["to"] for t in job["transitions"]]
 
 
-def job_actors(head: RayHead, jid: str, alive: bool = True) -> list[dict[str, Any]]:
-    acts = [a for a in ray_state(head, "actors") if (a.get("name") or "").startswith(f"rt-{jid}-")]
+def job_actors(head: RayHead, jid: str, alive: bool = True, prefix: str = "") -> list[dict[str, Any]]:
+    acts = [a for a in ray_state(head, "actors") if (a.get("name") or "").startswith(prefix or f"rt-{jid}-")]
     return [a for a in acts if a["state"] == "ALIVE"] if alive else acts
 
 
@@ -262,33 +307,59 @@ def no_active_jobs(c: httpx.Client) -> None:
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
+def checkpoint_at_least(ckpt: Path, step: int, timeout: float = 120) -> int:
+    """Wait until the newest *complete* checkpoint under `ckpt` (a `step-NNNNNN` dir) is at `step` or later."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        newest = latest_step(ckpt) if ckpt.is_dir() else None
+        if newest is not None and newest >= step:
+            return newest
+        time.sleep(0.1)
+    raise AssertionError(
+        f"no checkpoint >= {step} in {ckpt} within {timeout}s: {list_steps(ckpt) if ckpt.is_dir() else []}"
+    )
+
+
+OUTAGE_CHECKPOINTS = 3  # an outage lasts until this many more checkpoints are on disk
+
+
+def trains_on_while_down(ckpt: Path, steps: int, every: int, timeout: float = 120) -> tuple[int, int]:
+    """During an outage: wait until OUTAGE_CHECKPOINTS more checkpoints are on disk (training goes on), and require
+    the job to be still short of its last step (so it outlives the outage). Returns (newest before, newest after).
+    Steps after the first of those checkpoints, through the last, were measured inside the outage: at least
+    (OUTAGE_CHECKPOINTS - 1) × every loss points."""
+    before = latest_step(ckpt) or 0
+    after = checkpoint_at_least(ckpt, before + OUTAGE_CHECKPOINTS * every, timeout)
+    assert after < steps, f"the job reached step {after} of {steps} during the outage: make it longer"
+    return before, after
+
+
 # -- 1. a rank dies --------------------------------------------------------------------------------------------------
 def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(
     tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
 ) -> None:
-    steps = 150  # ~8 s of training: still running when the kill comes, even with the driver's metrics lagging
+    steps = 150  # still running when the kill comes, even with the driver's metrics lagging
+    js = spec(steps, max_restarts=2, name="kill-rank", eval={"every_steps": 50, "samples": 2})
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
-        jid = c.post("/v1/jobs", json=spec(steps, max_restarts=2, name="kill-rank")).json()["id"]
-        wait_job(c, jid, lambda j: j["step"] >= 7, 120, "step 7")
+        jid = c.post("/v1/jobs", json=js).json()["id"]
+        waited = checkpoint_at_least(tmp_path / "ckpt" / jid, 10)
         pids = rank_pids(ray_head, jid)
         assert len(pids) == 2
         os.kill(pids[1], signal.SIGKILL)
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
-        seq = states(job)
-        i = seq.index("RETRYING")
-        assert seq[:3] == ["QUEUED", "PLACING", "RUNNING"] and seq[i:] == [
-            "RETRYING",
-            "PLACING",
-            "RUNNING",
-            "SUCCEEDED",
-        ], seq
-        retry = job["transitions"][i]
-        # The newest checkpoint (every 5; at least the one at 5): points the dead rank had not handed over yet
-        # are re-sent from its metrics journal instead of re-running their steps.
-        assert retry["resume_step"] >= 5 and retry["resume_step"] % 5 == 0 and "died" in retry["reason"], retry
+        assert states(job) == ["QUEUED", "PLACING", "RUNNING", "RETRYING", "PLACING", "RUNNING", "SUCCEEDED"], states(
+            job
+        )
+        retry = job["transitions"][3]
+        # Resumed from a checkpoint no older than the one complete before the kill (never from scratch); points the
+        # dead rank had not handed over are re-sent from its metrics journal instead of re-running their steps.
+        assert retry["resume_step"] >= waited and retry["resume_step"] % 5 == 0 and "died" in retry["reason"], (
+            waited,
+            retry,
+        )
         assert job["restarts"] == 1 and job["step"] == steps
-        exactly_once(c, jid, steps)
+        exactly_once(c, jid, js)
 
 
 # -- 2. the driver (the job's supervisor) dies -----------------------------------------------------------------------
@@ -296,86 +367,108 @@ def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart
     tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
 ) -> None:
     steps = 150  # still running when the driver is killed (see test 1)
+    js = spec(steps, max_restarts=1, name="kill-driver")
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
-        # a restart left: RETRYING, a new driver (attempt 1) resumes from the checkpoint, SUCCEEDED, exactly once
-        jid = c.post("/v1/jobs", json=spec(steps, max_restarts=1, name="kill-driver")).json()["id"]
-        job = wait_job(c, jid, lambda j: j["step"] >= 7, 120, "step 7")
-        sid0 = job["submission_id"]
+        # a restart left: RETRYING, a new driver (attempt 1) resumes from the newest checkpoint, SUCCEEDED, exactly once
+        jid = c.post("/v1/jobs", json=js).json()["id"]
+        ckpt = tmp_path / "ckpt" / jid
+        waited = checkpoint_at_least(ckpt, 10)
+        sid0 = get_job(c, jid)["submission_id"]
         t0 = time.monotonic()
         os.kill(driver_pid(launcher, sid0, jid), signal.SIGKILL)
+        # Its rank actors die with it, so no checkpoint is written after this; attempt 1 writes only after resuming.
+        wait_for(lambda: not job_actors(ray_head, jid, prefix=f"rt-{jid}-d0-"), timeout=60, interval=0.2)
+        newest = latest_step(ckpt)
+        assert newest is not None and newest >= waited, (waited, list_steps(ckpt))
         retrying = wait_job(c, jid, lambda j: j["state"] == "RETRYING", 60, "RETRYING")
         detected_s = time.monotonic() - t0
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
+        assert states(job) == ["QUEUED", "PLACING", "RUNNING", "RETRYING", "PLACING", "RUNNING", "SUCCEEDED"], states(
+            job
+        )
         assert job["restarts"] == 1 and job["submission_id"] != sid0 and job["submission_id"].endswith("-1")
-        retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
+        retry = job["transitions"][3]
         assert "without reporting a final state" in retry["reason"] and "resubmitting" in retry["reason"], retry
-        resumed = next(t for t in job["transitions"] if t["seq"] > retry["seq"] and t.get("resume_step") is not None)
-        assert resumed["to"] == "PLACING" and resumed["resume_step"] % 5 == 0  # a checkpoint step, see test 1
+        resumed = job["transitions"][4]
+        # the newest complete checkpoint on disk when the driver died, never an older one (nor step 0)
+        assert resumed["resume_step"] == newest, (waited, newest, list_steps(ckpt), job["transitions"])
         assert retrying["state"] == "RETRYING"
-        counts = exactly_once(c, jid, steps)
+        counts = exactly_once(c, jid, js)
         # the dead driver's actors and placement group went with it
         assert all(a["state"] == "DEAD" for a in job_actors(ray_head, jid, alive=False))
         assert all(pg["state"] == "REMOVED" for pg in job_pgs(ray_head, f"rt-{jid}-d0-"))
         print(
-            f"[faults] driver kill: RETRYING after {detected_s:.1f}s, resumed from step {resumed['resume_step']}, "
-            f"{counts}"
+            f"[faults] driver kill: checkpoint {waited} complete before the kill, newest {newest} after it; "
+            f"RETRYING after {detected_s:.1f}s, resumed from step {resumed['resume_step']}, {counts}"
         )
 
-        # no restart left: FAILED with the reason, bounded by reconcile_grace_s, never hanging
+        # no restart left: FAILED with the reason, never hanging
         jid2 = c.post("/v1/jobs", json=spec(200, max_restarts=0, every=0, name="kill-driver-0")).json()["id"]
         job2 = wait_job(c, jid2, lambda j: j["step"] >= 1, 120, "step 1")
-        t0 = time.monotonic()
         os.kill(driver_pid(launcher, job2["submission_id"], jid2), signal.SIGKILL)
         job2 = finished(c, jid2, timeout=60)
-        assert job2["state"] == "FAILED" and time.monotonic() - t0 < 30
+        assert job2["state"] == "FAILED" and states(job2) == ["QUEUED", "PLACING", "RUNNING", "FAILED"], states(job2)
         assert "without reporting a final state" in job2["error"] and "no restarts left" in job2["error"]
         assert "Ray status FAILED" in job2["error"]
         no_active_jobs(c)
 
 
 # -- 3. the control plane dies ---------------------------------------------------------------------------------------
-def test_control_plane_sigkill_reattaches_running_job(serve: ServeProcess) -> None:
-    steps = 150  # ~10 s of training on 2 cores: still running when the control plane comes back
+def test_control_plane_sigkill_reattaches_running_job(serve: ServeProcess, tmp_path: Path) -> None:
+    steps, every = 300, 10
+    js = spec(steps, every=every, name="kill-cp")
     serve.start()
     with http(serve.url) as c:
-        jid = c.post("/v1/jobs", json=spec(steps, every=10, name="kill-cp")).json()["id"]
+        jid = c.post("/v1/jobs", json=js).json()["id"]
         wait_job(c, jid, lambda j: j["step"] >= 3, 120, "step 3")
     serve.kill()
     t_down = time.time()
-    time.sleep(4)  # the driver trains on and buffers its reports
+    before, after = trains_on_while_down(tmp_path / "ckpt" / jid, steps, every)  # the driver buffers its reports
     t_up = time.time()
     serve.start()  # same DB, same port
     with http(serve.url) as c:
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
         assert states(job) == ["QUEUED", "PLACING", "RUNNING", "SUCCEEDED"]
-        exactly_once(c, jid, steps)
-        during = [p for p in stored_points(c, jid) if p["name"] == "loss" and t_down < p["time"] < t_up]
-        print(f"[faults] control-plane kill: {len(during)} loss points measured while it was down, all delivered")
-        assert during, "training should go on while the control plane is down"
+        exactly_once(c, jid, js)
+        loss = [p for p in stored_points(c, jid) if p["name"] == "loss"]
+        during = [p for p in loss if t_down < p["time"] < t_up]
+        print(
+            f"[faults] control-plane kill: checkpoints {before} -> {after} while it was down, {len(during)} loss "
+            f"points measured then, all delivered"
+        )
+        assert len(during) >= (OUTAGE_CHECKPOINTS - 1) * every  # trained on while it was down
+        assert any(p["time"] > t_up for p in loss)  # and beyond it
         no_active_jobs(c)
 
 
 # -- 4. the control plane dies, and a rank dies during the outage ----------------------------------------------------
-def test_control_plane_and_rank_killed_together(serve: ServeProcess, ray_head: RayHead) -> None:
-    steps = 120
+def test_control_plane_and_rank_killed_together(serve: ServeProcess, ray_head: RayHead, tmp_path: Path) -> None:
+    steps = 150
+    js = spec(steps, every=5, max_restarts=2, name="kill-both")
     serve.start()
     with http(serve.url) as c:
-        jid = c.post("/v1/jobs", json=spec(steps, every=5, max_restarts=2, name="kill-both")).json()["id"]
-        wait_job(c, jid, lambda j: j["step"] >= 7, 120, "step 7")
+        jid = c.post("/v1/jobs", json=js).json()["id"]
+    ckpt = tmp_path / "ckpt" / jid
+    waited = checkpoint_at_least(ckpt, 10)
     pids = rank_pids(ray_head, jid)
     assert len(pids) == 2
     serve.kill()
     os.kill(pids[0], signal.SIGKILL)  # rank 0 or 1, whichever actor started first
-    time.sleep(5)  # the driver notices, reports RETRYING into its buffer, re-reserves
+    # the driver notices, reports RETRYING into its buffer, re-reserves and trains on: wait for a newer checkpoint
+    checkpoint_at_least(ckpt, (latest_step(ckpt) or 0) + 5)
     serve.start()
     with http(serve.url) as c:
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
-        retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
-        assert retry["resume_step"] >= 5 and retry["resume_step"] % 5 == 0 and job["restarts"] == 1, job["transitions"]
-        exactly_once(c, jid, steps)
+        assert states(job) == ["QUEUED", "PLACING", "RUNNING", "RETRYING", "PLACING", "RUNNING", "SUCCEEDED"], states(
+            job
+        )
+        retry = job["transitions"][3]
+        assert retry["resume_step"] >= waited and retry["resume_step"] % 5 == 0, (waited, job["transitions"])
+        assert job["restarts"] == 1
+        exactly_once(c, jid, js)
         no_active_jobs(c)
 
 
@@ -532,36 +625,54 @@ class Postgres:
 
 @pytest.fixture
 def postgres() -> Iterator[Postgres]:
+    """Skipped only where PostgreSQL is not installed; installed but failing to start is a broken environment."""
     pg = Postgres()
     try:
         pg.start()
     except subprocess.CalledProcessError as e:
+        log = (pg.tmp / "log").read_text()[-2000:] if (pg.tmp / "log").exists() else ""
         pg.remove()
-        pytest.skip(f"could not start PostgreSQL: {e.stderr!r}")
+        pytest.fail(f"PostgreSQL is installed ({pg.bin}) but did not start: {e.stderr!r}\n{log}")
     try:
         yield pg
     finally:
         pg.remove()
 
 
+def ingest_token(launcher: RayJobLauncher, sid: str) -> str:
+    """The job's ingest token, as the driver got it: from the Ray job's runtime environment."""
+    return launcher._client.get_job_info(sid).runtime_env["env_vars"]["RINGTRAIN_INGEST_TOKEN"]
+
+
 @pytest.mark.postgres
-def test_store_outage_answers_503_writes_nothing_and_recovers(tmp_path: Path, postgres: Postgres) -> None:
-    launcher = RecordingLauncher()
+def test_store_outage_answers_503_and_a_real_job_delivers_every_point_once(
+    tmp_path: Path, postgres: Postgres, launcher: RayJobLauncher
+) -> None:
+    """A real Ray job (real driver, reporter and retries) trains through a PostgreSQL outage: every API call
+    answers 503 meanwhile, the driver's reports are refused and retried, and afterwards the job succeeds with
+    every point stored exactly once."""
+    steps, every = 300, 10
+    js = spec(steps, every=every, name="store-outage")
     with control_plane(tmp_path, launcher, database_url=postgres.url) as srv, http(srv.url) as c:
-        jid = c.post("/v1/jobs", json=spec(20)).json()["id"]
-        d = Driver(srv, jid)
-        assert d.state("RUNNING", reason="placed").status_code == 200
-        assert d.metrics(range(1, 6)).status_code == 200
-        held = [d.item("metric", step=s, name="loss", value=1.0 / s) for s in range(6, 11)]
+        jid = c.post("/v1/jobs", json=js).json()["id"]
+        job = wait_job(c, jid, lambda j: j["state"] == "RUNNING" and j["step"] >= 3, 120, "RUNNING at step 3")
+        token = ingest_token(launcher, job["submission_id"])
+        ckpt = tmp_path / "ckpt" / jid
 
         postgres.stop()  # the store is gone (immediate shutdown: connections cut, nothing flushed politely)
+        t_down = time.time()
         answers = {
             "GET /v1/jobs": c.get("/v1/jobs"),
             "GET /v1/jobs/{id}": c.get(f"/v1/jobs/{jid}"),
             "GET metrics": c.get(f"/v1/jobs/{jid}/metrics"),
             "POST /v1/jobs": c.post("/v1/jobs", json=spec(20, name="during-outage")),
             "POST cancel": c.post(f"/v1/jobs/{jid}/cancel"),
-            "POST report": d.post(held),
+            "POST report": httpx.post(
+                f"{srv.url}/v1/jobs/{jid}/report",
+                json={"items": []},  # the driver's handshake: harmless, and refused like its batches
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=10,
+            ),
         }
         for what, r in answers.items():
             assert r.status_code == 503, (what, r.status_code, r.text)
@@ -570,22 +681,32 @@ def test_store_outage_answers_503_writes_nothing_and_recovers(tmp_path: Path, po
             assert r.headers.get("Retry-After")
         assert c.get("/healthz").status_code == 200  # alive, so not restarted in a loop
         assert c.get("/readyz").status_code == 503  # but not ready
+        before, after = trains_on_while_down(ckpt, steps, every)  # the driver buffers and retries meanwhile
+        t_up = time.time()
 
         postgres.start()
         wait_for(lambda: c.get("/v1/jobs").status_code == 200, timeout=30, interval=0.3)
         jobs = c.get("/v1/jobs").json()
         assert jobs["total"] == 1 and [j["id"] for j in jobs["jobs"]] == [jid]  # the refused submit left nothing
-        job = get_job(c, jid)
-        assert job["state"] == "RUNNING" and job["step"] == 5 and not job["cancel_requested"]
-        assert d.post(held).status_code == 200  # the driver's resend after the outage: applied once
-        assert d.post(held).status_code == 200  # and again (a lost ack): ignored
-        assert d.state("SUCCEEDED", reason="done").status_code == 200
-        job = get_job(c, jid)
-        assert job["state"] == "SUCCEEDED" and job["step"] == 10
-        exactly_once(c, jid, 10)
-        # the control loops lived through it: a new job is scheduled (submitted) again
-        jid2 = c.post("/v1/jobs", json=spec(20, name="after")).json()["id"]
-        wait_job(c, jid2, lambda j: j["state"] == "PLACING", 20, "PLACING after the outage")
+        job = finished(c, jid)
+        assert job["state"] == "SUCCEEDED", job["error"]
+        assert not job["cancel_requested"]  # the refused cancel was not applied either
+        assert states(job) == ["QUEUED", "PLACING", "RUNNING", "SUCCEEDED"], states(job)
+        counts = exactly_once(c, jid, js)
+        loss = [p for p in stored_points(c, jid) if p["name"] == "loss"]
+        during = [p for p in loss if t_down < p["time"] < t_up]
+        assert len(during) >= (OUTAGE_CHECKPOINTS - 1) * every  # trained on while it was down
+        assert any(p["time"] > t_up for p in loss)  # and beyond it
+        driver_log = launcher.logs(job["submission_id"])
+        assert "503" in driver_log, driver_log[-3000:]  # the real reporter was refused, and retried
+        print(
+            f"[faults] store outage: checkpoints {before} -> {after} while PostgreSQL was down, {len(during)} loss "
+            f"points measured then; {counts}"
+        )
+        # the control loops lived through it: a new job runs to the end
+        jid2 = c.post("/v1/jobs", json=spec(3, every=0, name="after")).json()["id"]
+        assert finished(c, jid2)["state"] == "SUCCEEDED"
+        no_active_jobs(c)
 
 
 # -- 7. placement that cannot be satisfied ---------------------------------------------------------------------------
@@ -606,9 +727,8 @@ def test_unplaceable_job_fails_after_the_configured_wait(
             # a ring that fits the cluster but not what is free: PLACING with the reason, FAILED after 4 s
             jid = c.post("/v1/jobs", json=spec(5, name="no-room")).json()["id"]
             wait_job(c, jid, lambda j: j["state"] == "PLACING", 60, "PLACING")
-            t0 = time.monotonic()
             job = finished(c, jid, timeout=60)
-            assert job["state"] == "FAILED" and time.monotonic() - t0 < 30
+            assert job["state"] == "FAILED"
             assert "could not place 2 rank(s)" in job["error"] and "within 4s" in job["error"], job["error"]
             assert states(job) == ["QUEUED", "PLACING", "FAILED"]
             assert all(pg["state"] == "REMOVED" for pg in job_pgs(ray_head, f"rt-{jid}-"))
