@@ -1,9 +1,10 @@
 """API response schemas, derived from the storage rows (`service.models`) and the service's dataclasses.
 
 Models that describe a stored row validate straight from it (`from_attributes`), so a field is named once in
-each layer and nothing copies it across by hand; the planner's and launcher's dataclasses are used as they
-are. Fields whose API name differs from the column (`from`/`to`, `metadata`, `latest_metrics`) say so with
-aliases, which also accept the API name: the Python client validates the same models from JSON.
+each layer and nothing copies it across by hand; the planner's and launcher's dataclasses, and the wire schema
+a driver reports placements in (`RankPlacement`), are used as they are. Fields whose API name differs from the
+column (`from`/`to`, `metadata`, `latest_metrics`) say so with aliases, which also accept the API name: the
+Python client validates the same models from JSON.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, C
 from service.launcher import NodeInfo
 from service.models import Job, Transition
 from service.planner import Plan
-from workers.protocol import JobState
+from workers.protocol import JobState, RankPlacement
 
 
 def _from_unix(t: object) -> object:
@@ -59,14 +60,6 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-class Placement(BaseModel):
-    rank: int
-    node_id: str
-    device: str
-    node_ip: str | None = None
-    ring: int = 0
-
-
 class TransitionOut(_FromRow):
     seq: int
     time: float = Field(description="unix seconds")
@@ -98,7 +91,7 @@ class JobOut(_FromRow):
     finished_at: UnixTime | None = None
     step: int
     total_steps: int
-    placement: Annotated[list[Placement], BeforeValidator(_none_as_empty_list)]
+    placement: Annotated[list[RankPlacement], BeforeValidator(_none_as_empty_list)]
     error: str | None
     restarts: int
     cancel_requested: bool
