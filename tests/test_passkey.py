@@ -11,13 +11,15 @@ from pydantic import ValidationError
 from torch import nn
 
 from tests.dist import run_distributed
-from tests.trainutil import tiny_spec
+from tests.trainutil import one_thread, series, tiny_spec, train
 from workers.attention import unshard_sequence
 from workers.data import ByteTokenizer, PasskeySource, build_source, make_sample, sample_generator
 from workers.data.tokenizer import HFTokenizer, Tokenizer
 from workers.training import evals
 from workers.training.evals import EVAL_SALT, cell_name, passkey_accuracy
 from workers.training.mesh import Mesh, build_mesh
+
+assert one_thread  # autouse fixture, imported to apply to this module
 
 KEY_RE = re.compile(r"pass key (?:is )?(\d+)\.")
 
@@ -187,3 +189,25 @@ def test_bad_curriculum_names_the_field(curriculum, parallel, loc):
         tiny_spec(data={"seq_len": 480, "curriculum": curriculum}, parallel=parallel)
     # pydantic puts the union's tag ("passkey") into field locations; the API drops it (api/errors.py)
     assert [tuple(p for p in e["loc"] if p != "passkey") for e in exc.value.errors()] == [loc]
+
+
+CURRICULUM = {"seq_len": 192, "curriculum": [{"steps": 2, "seq_len": 96}]}
+
+
+def _train_curriculum(rank: int, world: int, spec_json: str) -> dict:
+    return train(rank, world, spec_json, None, None)
+
+
+@pytest.mark.multiprocess
+def test_curriculum_trains_identically_on_an_odd_ring():
+    """Steps 1-2 on 96 tokens, 3-4 on 192, evals at both: a ring of 3 (striped) reproduces one process."""
+    over = {"data": CURRICULUM, "train": {"steps": 4}, "eval": {**EVAL, "every_steps": 2, "samples": 2}}
+    one = _train_curriculum(0, 1, tiny_spec(**over).model_dump_json())["points"]
+    ring = tiny_spec(**over, parallel={"ring_size": 3, "layout": "striped"}).model_dump_json()
+    three = run_distributed(_train_curriculum, 3, ring)[0]["points"]
+    names = {p["name"] for p in one if p["name"].startswith("passkey_")}
+    assert len(names) == 2 + 2 * 6  # two means, 2 lengths × 3 depths × (exact, per token)
+    for name in ["loss", *sorted(names)]:
+        a, b = series(one, name), series(three, name)
+        assert len(a) == (4 if name == "loss" else 2) and a == pytest.approx(b, rel=1e-5, abs=1e-6), name
+    assert series(one, "loss")[0] > series(one, "loss")[-1]

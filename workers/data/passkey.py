@@ -20,6 +20,7 @@ so the global batch still depends only on (data spec, seed, step).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,7 +83,7 @@ def make_sample(
         raise ValueError(f"seq_len {seq_len} is too short for a {key_digits}-digit passkey")
     filler = _filler(tokenizer, haystack)
     cut = round(depth * haystack)
-    ids = intro + filler[:cut] + needle + filler[cut:] + question + answer
+    ids = [*intro, *filler[:cut], *needle, *filler[cut:], *question, *answer]
     tokens = torch.tensor(ids, dtype=torch.long)
     weights = torch.ones(seq_len, dtype=torch.float32)
     answer_start = seq_len - len(answer)  # label j predicts tokens[j + 1]
@@ -90,15 +91,19 @@ def make_sample(
     return PasskeySample(tokens, weights, key, len(intro) + cut, answer_start)
 
 
-def _filler(tokenizer: Tokenizer, n: int) -> list[int]:
-    """`n` tokens of repeated filler text (tokenized whole: a tokenizer may merge across sentences)."""
+@functools.lru_cache(maxsize=16)
+def _filler(tokenizer: Tokenizer, n: int) -> tuple[int, ...]:
+    """`n` tokens of repeated filler text (tokenized whole: a tokenizer may merge across sentences).
+
+    Cached: every sample of a length shares it, and a pretrained tokenizer takes milliseconds per long text.
+    """
     unit = tokenizer.encode(FILLER)
     reps = n // max(1, len(unit)) + 2
     ids = tokenizer.encode(FILLER * reps)
     while len(ids) < n:  # a tokenizer whose repeats merge into fewer tokens than expected
         reps *= 2
         ids = tokenizer.encode(FILLER * reps)
-    return ids[:n]
+    return tuple(ids[:n])
 
 
 def sample_generator(seed: int, *stream: int) -> torch.Generator:
