@@ -15,7 +15,7 @@ from workers.attention import shard_positions, shard_sequence, unshard_sequence
 from workers.data import ByteTokenizer, PasskeySource, make_sample, sample_generator
 from workers.models import SequenceParallel, build_model, token_losses
 from workers.training.evals import EVAL_SALT, cell_name, passkey_accuracy
-from workers.training.mesh import _buckets, all_reduce_grads, build_mesh
+from workers.training.mesh import build_mesh
 
 assert one_thread  # autouse fixture, imported to apply to this module
 
@@ -83,7 +83,8 @@ def _sharded_matches_full(rank: int, world: int) -> None:
         torch.testing.assert_close(unshard_sequence(logits, 1, layout, group), full, rtol=1e-5, atol=1e-5)
         (token_losses(logits, y) * w).sum().backward()
         params = list(model.parameters())
-        all_reduce_grads(params, bucket_bytes=4096)  # tiny buckets: several all-reduces
+        for p in params:  # what FSDP's reduce-scatter sums in training
+            dist.all_reduce(p.grad)
         for (name, p), ref in zip(model.named_parameters(), full_model.parameters(), strict=True):
             torch.testing.assert_close(p.grad, ref.grad, rtol=1e-4, atol=1e-5, msg=f"{layout}: {name}")
 
@@ -124,15 +125,6 @@ def _mesh_and_evals(rank: int, world: int) -> dict:
     dist.all_gather_object(ring_peers, rank, group=mesh.ring_group)
     dp_peers = [None] * 2
     dist.all_gather_object(dp_peers, rank, group=mesh.dp_group)
-    # bucketed gradient sum over all ranks, with a stats vector riding along
-    params = [nn.Parameter(torch.zeros(n)) for n in (5, 300, 7, 1000)]
-    for i, p in enumerate(params):
-        p.grad = torch.full_like(p, float(rank + 1) * (i + 1))
-    stats = all_reduce_grads(params, torch.tensor([float(rank), 1.0]), bucket_bytes=2048)
-    assert stats.tolist() == [6.0, 4.0]
-    for i, p in enumerate(params):
-        assert torch.equal(p.grad, torch.full_like(p, 10.0 * (i + 1)))
-
     spec = tiny_spec(
         parallel={"ring_size": 2, "data_parallel": 2, "layout": "zigzag"},
         eval={"enabled": True, "context_lengths": [128, 192], "depths": [0.1, 0.9], "samples": 5},
@@ -145,7 +137,7 @@ def _mesh_and_evals(rank: int, world: int) -> dict:
 
 
 @pytest.mark.multiprocess
-def test_mesh_groups_grad_allreduce_and_passkey_eval_grid():
+def test_mesh_groups_and_passkey_eval_grid():
     out = run_distributed(_mesh_and_evals, 4)
     assert [o["ring"] for o in out] == [[0, 1], [0, 1], [2, 3], [2, 3]]  # rings are contiguous in rank
     assert [o["dp"] for o in out] == [[0, 2], [1, 3], [0, 2], [1, 3]]
@@ -166,8 +158,3 @@ def test_mesh_groups_grad_allreduce_and_passkey_eval_grid():
         perfect, corrupted = ({k: v for k, v in o["acc"][c].items() if k.startswith("passkey_acc")} for c in (0, 1))
         assert perfect == {"passkey_acc": 1.0, **{name: 1.0 for name in expected}}
         assert corrupted == {"passkey_acc": pytest.approx(sum(expected.values()) / 4), **expected}
-
-
-def test_buckets_split_by_size():
-    ts = [torch.zeros(100), torch.zeros(100), torch.zeros(300), torch.zeros(10, dtype=torch.float64)]
-    assert [len(b) for b in _buckets(ts, 1000)] == [2, 1, 1]

@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from workers.config import JobSpec
 from workers.protocol import MetricPoint
-from workers.training.checkpoint import latest_step, step_dir
+from workers.training.checkpoint import latest_step, read_weights
 
 
 @pytest.fixture(autouse=True)
@@ -58,4 +57,4 @@ def series(points: list[dict], name: str) -> list[float]:
 def final_weights(ckpt: str | Path) -> dict[str, torch.Tensor]:
     step = latest_step(ckpt)
     assert step is not None, f"no checkpoint in {ckpt}"
-    return load_file(step_dir(ckpt, step) / "model.safetensors")
+    return read_weights(ckpt, step)

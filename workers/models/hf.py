@@ -147,13 +147,24 @@ class PretrainedLM(nn.Module):
         cos, sin = output
         return cos[:, :-1], sin[:, :-1]
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
         b, s = tokens.shape
         positions = positions.to(tokens.device)
         self.state.seq_len = s * self._ring_world()
         self._rope_last = self._global_last_position(positions) if self._length_dependent_rope else None
-        out = self.hf(input_ids=tokens, position_ids=positions.unsqueeze(0).expand(b, -1), use_cache=False)
-        return out.logits.float()
+        return {"input_ids": tokens, "position_ids": positions.unsqueeze(0).expand(b, -1), "use_cache": False}
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The LM head [vocab, hidden] (none of the families has a head bias): `forward` = features @ weightᵀ."""
+        return self.hf.get_output_embeddings().weight
+
+    def features(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [batch, seq_local, hidden]: what a chunked loss projects chunk by chunk."""
+        return self.hf.model(**self._inputs(tokens, positions)).last_hidden_state
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.hf(**self._inputs(tokens, positions)).logits.float()
 
 
 def load_pretrained(

@@ -126,18 +126,30 @@ class Transformer(nn.Module):
         """Run attention on this ring from now on (None: plain local attention)."""
         self.sp = sp
 
+    def init_value(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
+        """GPT-2/Llama-style initial value of parameter `name` (full shape, fp32, CPU) drawn from `generator`.
+
+        Drawing every parameter in `named_parameters()` order is `init_weights`; a sharded trainer draws
+        each full value the same way and keeps its shard, so the model is the same on any world size."""
+        if len(shape) < 2:
+            return torch.ones(shape)  # norm gains
+        std = 0.02
+        if name.endswith(("wo.weight", "w_down.weight")):
+            std /= math.sqrt(2 * self.cfg.n_layers)  # residual-branch outputs
+        return torch.empty(shape).normal_(0.0, std, generator=generator)
+
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
-        """GPT-2/Llama-style init from an explicit generator, so every rank builds identical weights."""
-        std = 0.02
-        out_std = std / math.sqrt(2 * self.cfg.n_layers)  # residual-branch outputs
+        """Init from an explicit generator, so every rank builds identical weights."""
         for name, p in self.named_parameters():
-            if p.ndim < 2:
-                p.fill_(1.0)  # norm gains
-            else:
-                p.normal_(0.0, out_std if name.endswith(("wo.weight", "w_down.weight")) else std, generator=generator)
+            p.copy_(self.init_value(name, p.shape, generator))
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The output head [vocab, d_model] (the embedding when tied): `forward` = features @ output_weightᵀ."""
+        return self.tok_emb.weight if self.head is None else self.head.weight
+
+    def _features(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         cos, sin = rope_tables(positions.to(tokens.device), self.cfg.head_dim, self.cfg.rope_theta)
         x = self.tok_emb(tokens)
         for layer in self.layers:
@@ -145,9 +157,14 @@ class Transformer(nn.Module):
                 x = checkpoint(layer, x, cos, sin, self.sp, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, self.sp)
-        x = self.norm(x)
-        weight = self.tok_emb.weight if self.head is None else self.head.weight
-        return F.linear(x, weight).float()
+        return self.norm(x)
+
+    def features(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [batch, seq_local, d_model]: what a chunked loss projects chunk by chunk."""
+        return self._features(tokens, positions)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._features(tokens, positions), self.output_weight).float()
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

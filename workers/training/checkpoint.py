@@ -1,13 +1,17 @@
-"""Step checkpoints: `step-000050/` with weights (safetensors), training state and per-rank RNG.
+"""Step checkpoints with torch.distributed.checkpoint (DCP): every rank writes only the shards it holds.
 
-Written atomically: everything goes into a hidden temporary directory, is fsynced, and the directory
-is renamed into place; a reader only ever considers `step-NNNNNN` names, so a crash mid-write leaves
-nothing that can be picked up. Rank 0 writes the replicated state (weights, optimizer, scheduler,
-data position); each rank writes its own RNG states.
+    step-000050/.metadata, __<rank>_0.distcp   model + optimizer state (DCP: sharded, global shapes)
+    step-000050/rng-rank00003.pt               torch/cuda (own device)/python/numpy RNG of rank 3
+    step-000050/state.pt                       {"step", "scheduler", "data", "extra"}: rank 0, written last
 
-    step-000050/model.safetensors   fp32 weights
-    step-000050/state.pt            {"step", "optimizer", "scheduler", "data", "extra"}
-    step-000050/rng-rank00003.pt    torch/cuda (own device)/python/numpy RNG of rank 3
+Because DCP records every tensor by its global shape and each shard by its offsets, a checkpoint loads
+into any sharding: another ring size, data-parallel width or Ulysses size, or one unsharded process
+(`read_weights`, `load_checkpoint` on a plain model). The model is saved under its clean parameter
+names (`get_state_dict` drops FSDP and activation-checkpoint wrappers).
+
+Atomic: everything goes into a hidden `.tmp-step-…` directory, is fsynced, then renamed into place, and
+a `step-…` directory counts only with its `state.pt` (written after every rank's files are on disk), so a
+crash mid-write leaves nothing that can be picked up. Re-saving a step swaps the old one out whole.
 """
 
 from __future__ import annotations
@@ -16,16 +20,27 @@ import os
 import random
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
+STATE_FILE = "state.pt"  # the completion marker: the last file written
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -41,6 +56,15 @@ def _dist() -> tuple[int, int]:
 def _barrier() -> None:
     if _dist()[1] > 1:
         dist.barrier()
+
+
+@contextmanager
+def _dcp(single: bool) -> Iterator[None]:
+    """DCP warns on every single-process save/load that it assumes one process: that is the intent here."""
+    with warnings.catch_warnings():
+        if single:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def _fsync(path: Path) -> None:
@@ -59,7 +83,7 @@ def list_steps(root: str | Path) -> list[int]:
     steps = []
     for p in root.iterdir():
         m = STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / "model.safetensors").exists() and (p / "state.pt").exists():
+        if m and p.is_dir() and (p / STATE_FILE).exists():
             steps.append(int(m.group(1)))
     return sorted(steps)
 
@@ -89,7 +113,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: dict[str, Any], keep: int) -> Path:
+def _tensor_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """What DCP saves and loads in place: {"model": …, "optim": …} with sharded (DTensor) values under FSDP."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    model: nn.Module,
+    state: dict[str, Any],
+    keep: int,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Path:
     """Collective: every rank calls it. Returns the final directory. `state` is rank 0's replicated state."""
     rank, _ = _dist()
     root = Path(root)
@@ -100,23 +139,16 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: dict[s
         shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash
         tmp.mkdir()
     _barrier()
+    single = _dist()[1] == 1
+    with _dcp(single):
+        dcp.save(_tensor_state(model, optimizer), checkpoint_id=tmp, no_dist=single)  # collective; fsyncs
     rng_file = tmp / f"rng-rank{rank:05d}.pt"
     torch.save(rng_state(), rng_file)
     _fsync(rng_file)
+    _barrier()  # every rank's shards and RNG are on disk before the marker is written
     if rank == 0:
-        weights, seen = {}, set()
-        for k, v in model.state_dict().items():
-            t = v.detach().to("cpu", torch.float32).contiguous()
-            if t.data_ptr() in seen:  # tied weights (a head sharing the embedding): safetensors refuses aliases
-                t = t.clone()
-            seen.add(t.data_ptr())
-            weights[k] = t
-        save_file(weights, tmp / "model.safetensors", metadata={"step": str(step)})
-        torch.save({"step": step, **state}, tmp / "state.pt")
-        for name in ("model.safetensors", "state.pt"):
-            _fsync(tmp / name)
-    _barrier()  # every rank's RNG file is on disk before the directory becomes visible
-    if rank == 0:
+        torch.save({"step": step, **state}, tmp / STATE_FILE)
+        _fsync(tmp / STATE_FILE)
         _fsync(tmp)
         if final.exists():  # re-saving a step (e.g. after a restart): swap, never leave a half state
             old = root / f".old-{final.name}"
@@ -133,17 +165,38 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: dict[s
     return final
 
 
-def load_checkpoint(root: str | Path, step: int, model: nn.Module) -> dict[str, Any]:
-    """Load weights into `model` (on its device), restore this rank's RNG if saved; return the state dict."""
+def load_checkpoint(
+    root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any]:
+    """Load the weights (and optimizer state) into this rank's shards, restore its RNG if saved; return state.pt.
+
+    Collective when the model is sharded; a plain model on one process loads the whole state."""
     path = step_dir(root, step)
     rank, _ = _dist()
-    device = next(model.parameters()).device
-    weights = load_file(path / "model.safetensors", device="cpu")
-    missing, unexpected = model.load_state_dict({k: v.to(device) for k, v in weights.items()}, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    tensors = _tensor_state(model, optimizer)
+    single = _dist()[1] == 1
+    with _dcp(single):
+        dcp.load(tensors, checkpoint_id=path, no_dist=single)  # raises naming any key the checkpoint lacks
+    if optimizer is None:
+        set_model_state_dict(model, tensors["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
+    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     rng_file = path / f"rng-rank{rank:05d}.pt"
     if rng_file.exists():  # a different world size has no file for new ranks; their RNG is not used for math
         set_rng_state(torch.load(rng_file, weights_only=False))
     return state
+
+
+def read_weights(root: str | Path, step: int) -> dict[str, torch.Tensor]:
+    """The full (unsharded) model weights of a checkpoint on CPU, by parameter name; needs no process group."""
+    path = step_dir(root, step)
+    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    want = {
+        key: torch.empty(m.size, dtype=m.properties.dtype)
+        for key, m in meta.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(m, TensorStorageMetadata)
+    }
+    with _dcp(True):
+        dcp.load(want, checkpoint_id=path, no_dist=True)
+    return {key.removeprefix("model."): value for key, value in want.items()}

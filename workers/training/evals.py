@@ -13,6 +13,7 @@ second moves first: a small model learning retrieval gets single digits right lo
 
 from __future__ import annotations
 
+import math
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -58,8 +59,11 @@ def passkey_accuracy(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.
         for depth in spec.eval.depths:
             counts = torch.zeros(2, n, dtype=torch.float32, device=device)  # [wrong, answer tokens] per sample
             mine = list(range(mesh.dp_index, n, mesh.data_parallel))
-            for start in range(0, len(mine), chunk):
+            # Every rank runs the same number of forwards (FSDP's gathers are collective over all ranks):
+            # a replica with fewer samples runs its last rounds on sample 0 and ignores the result.
+            for start in range(0, math.ceil(math.ceil(n / mesh.data_parallel) / chunk) * chunk, chunk):
                 ids = mine[start : start + chunk]
+                run = ids or [0]
                 samples = [
                     make_sample(
                         length,
@@ -68,7 +72,7 @@ def passkey_accuracy(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.
                         sample_generator(spec.train.seed ^ EVAL_SALT, length, round(depth * 1e4), i),
                         tokenizer=tokenizer,
                     )
-                    for i in ids
+                    for i in run
                 ]
                 batch = from_windows(
                     torch.stack([s.tokens for s in samples]), torch.stack([s.answer_mask() for s in samples])
@@ -78,6 +82,8 @@ def passkey_accuracy(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.
                 ).to(device)
                 with _autocast(device):
                     logits = model(local.inputs, local.positions)
+                if not ids:
+                    continue
                 answer = local.weights > 0
                 miss = (logits.argmax(-1) != local.labels) & answer
                 rows = torch.tensor(ids, device=device)

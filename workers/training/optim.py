@@ -1,7 +1,8 @@
-"""AdamW with linear warmup + cosine decay (torch's `LambdaLR`), and gradient clipping (torch's `clip_grad_norm_`).
+"""AdamW with linear warmup + cosine decay (torch's `LambdaLR`), gradient clipping, and `state_bytes`.
 
-After the gradient all-reduce every rank holds the same full gradient of the global loss, so the
-global norm is a purely local computation: no further communication is needed to clip.
+Under FSDP every parameter, gradient and AdamW moment is a DTensor shard; the optimizer steps on the
+local shards (fp32 master weights). The global gradient norm is the norm of all shards: torch's
+`get_total_norm` returns it as a partial DTensor and `full_tensor()` sums it over the mesh.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from workers.config import TrainConfig
@@ -52,8 +54,25 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Lambd
 @torch.no_grad()
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     """Global L2 norm of the (already reduced) gradients, before clipping; clips in place if max_norm > 0."""
-    grads = [p for p in params if p.grad is not None]
-    if not grads:
+    with_grad = [p for p in params if p.grad is not None]
+    if not with_grad:
         return 0.0
-    limit = max_norm if max_norm > 0 else math.inf
-    return float(torch.nn.utils.clip_grad_norm_(grads, limit, foreach=False))
+    total = torch.nn.utils.get_total_norm([p.grad for p in with_grad], 2.0, foreach=False)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()  # collective: the norm over every rank's shards
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, total, foreach=False)
+    return float(total)
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
+def state_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of parameters + gradients + optimizer state this rank holds (its shards, under FSDP)."""
+    total = sum(_local_bytes(p) + (_local_bytes(p.grad) if p.grad is not None else 0) for p in params)
+    for state in optimizer.state.values():
+        total += sum(_local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total

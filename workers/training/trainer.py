@@ -1,15 +1,17 @@
-"""The training loop of one rank: sequence parallel over a ring, data parallel over rings.
+"""The training loop of one rank: sequence parallel over a ring, data parallel over rings, state sharded over all.
 
 `Trainer` keeps the parts apart the way torchtitan does: `__init__` sets everything up (mesh, model,
 optimizer, schedule, data, journal), `load(step)` restores an explicit checkpoint, `forward_backward`
 runs one micro-step, `train_step` is one optimizer step with its metrics, and `train` is the short loop
 around it (eval, checkpoint, stop). It assumes the default process group is up (world = data_parallel ×
-ring_size; world 1 may run without one) and does not know where metrics go: it hands each `MetricPoint`
-to `emit`. `run_training` is the one-call form the rank actor and the torchrun entry point use.
+ring_size × ulysses_size; world 1 may run without one) and does not know where metrics go: it hands each
+`MetricPoint` to `emit`. `run_training` is the one-call form the rank actor and the torchrun entry point use.
 
-Loss: each rank backpropagates the *sum* of its weighted token losses; gradients and the token weight
-total are summed over all ranks in one bucketed all-reduce, then divided by the global weight — the
-global token mean, identical to single-process training on the same batch.
+Model: built on `meta`, sharded with FSDP2 over the whole mesh (`parallelize`), then each rank
+materialises its shards only (`materialize`). Loss: each rank backpropagates the *sum* of its weighted
+token losses (chunked: no whole-shard fp32 logits); FSDP's reduce-scatter sums the gradients over all
+ranks, a small all-reduce sums the token weights, and the gradient shards are divided by the global
+weight — the global token mean, identical to single-process training on the same batch.
 """
 
 from __future__ import annotations
@@ -27,14 +29,17 @@ import torch.distributed as dist
 
 from workers.config import JobSpec
 from workers.data import Batch, build_source, take_shard
-from workers.models import SequenceParallel, attention_backend, model_for, save_pretrained, token_losses
+from workers.models import SequenceParallel, attention_backend, save_pretrained
 from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
 from workers.training.evals import passkey_accuracy
 from workers.training.journal import MetricJournal
+from workers.training.loss import linear_cross_entropy_sum
+from workers.training.materialize import materialize, skeleton
 from workers.training.memory import PeakMemory
-from workers.training.mesh import all_reduce_grads, build_mesh
-from workers.training.optim import build_optimizer, build_scheduler, clip_grad_norm
+from workers.training.mesh import build_mesh
+from workers.training.optim import build_optimizer, build_scheduler, clip_grad_norm, state_bytes
+from workers.training.parallelize import parallelize
 
 Emit = Callable[[MetricPoint], None]
 
@@ -56,6 +61,7 @@ class StepStats:
     grad_norm: float
     seconds: float
     stop_requested: bool
+    state_bytes: int  # parameters + gradients + optimizer state held by this rank, at the optimizer step
 
 
 def default_device() -> torch.device:
@@ -83,9 +89,16 @@ class Trainer:
         self.device = device or default_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.mesh = build_mesh(spec.parallel.ring_size, spec.parallel.data_parallel)
+        self.mesh = build_mesh(
+            spec.parallel.ring_size,
+            spec.parallel.data_parallel,
+            getattr(spec.parallel, "ulysses_size", 1),
+            self.device.type,
+        )
         torch.manual_seed(spec.train.seed)
-        self.model = model_for(spec).to(self.device)
+        self.model = skeleton(spec)
+        parallelize(self.model, self.mesh, self.device, activation_checkpointing=spec.train.activation_checkpointing)
+        materialize(self.model, spec, self.device)
         self.model.set_sequence_parallel(SequenceParallel(self.mesh.ring_group, spec.parallel.layout))
         self.model.train()
         self.params = list(self.model.parameters())
@@ -106,8 +119,7 @@ class Trainer:
         if step > 0:
             if self.checkpoint_dir is None:
                 raise ValueError(f"cannot resume from step {step} without a checkpoint directory")
-            state = load_checkpoint(self.checkpoint_dir, step, self.model)
-            self.optimizer.load_state_dict(state["optimizer"])
+            state = load_checkpoint(self.checkpoint_dir, step, self.model, self.optimizer)
             self.scheduler.load_state_dict(state["scheduler"])
             self.data.load_state_dict(state["data"])
             self.step, self.resumed_from, self.last_loss = step, step, state.get("extra", {}).get("loss")
@@ -121,12 +133,13 @@ class Trainer:
         if self.checkpoint_dir is None:
             return
         state = {
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "data": self.data.state_dict(),
             "extra": {"loss": self.last_loss, "world": self.mesh.world, "spec": self.spec.model_dump(mode="json")},
         }
-        save_checkpoint(self.checkpoint_dir, self.step, self.model, state, keep=self.spec.checkpoint.keep)
+        save_checkpoint(
+            self.checkpoint_dir, self.step, self.model, state, keep=self.spec.checkpoint.keep, optimizer=self.optimizer
+        )
 
     def export(self) -> None:
         """The finished model as a transformers directory, `<checkpoint dir>/model/` (collective: all ranks call)."""
@@ -160,10 +173,13 @@ class Trainer:
         ).to(self.device)
 
     def forward_backward(self, local: Batch) -> torch.Tensor:
-        """Backpropagate this rank's *sum* of weighted token losses; returns it (normalised after the reduce)."""
+        """Backpropagate this rank's *sum* of weighted token losses; returns it (normalised after the reduce).
+
+        The head runs inside the chunked loss: after `features` the root's parameters (the head among
+        them) are still gathered, and FSDP reduces their gradients at the end of backward."""
         with _autocast(self.device):
-            logits = self.model(local.inputs, local.positions)
-        loss_sum = (token_losses(logits, local.labels) * local.weights).sum()
+            hidden = self.model.features(local.inputs, local.positions)
+        loss_sum = linear_cross_entropy_sum(hidden, self.model.output_weight, local.labels, local.weights)
         loss_sum.backward()
         return loss_sum.detach().float()
 
@@ -177,20 +193,22 @@ class Trainer:
         loss_sum = self.forward_backward(local)
         stop_flag = 1.0 if self.stop is not None and self.stop.is_set() else 0.0
         stats = torch.stack([loss_sum, local.weights.sum().float(), torch.tensor(stop_flag, device=self.device)])
-        stats = all_reduce_grads(self.params, stats)  # gradients and the stats in one bucketed all-reduce
+        if self.mesh.distributed:
+            dist.all_reduce(stats)  # the gradients were summed by FSDP's reduce-scatter during backward
         total_weight = stats[1].clamp_min(1e-12)
         for p in self.params:
-            assert p.grad is not None  # all_reduce_grads fills missing grads with zeros
-            p.grad.div_(total_weight)
+            if p.grad is not None:  # an unused parameter has no gradient: AdamW skips it, as on one process
+                p.grad.div_(total_weight)
         grad_norm = clip_grad_norm(self.params, self.spec.train.grad_clip)
         self.optimizer.step()
+        held = state_bytes(self.params, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.step += 1
         self.last_loss = float(stats[0] / total_weight)
-        return StepStats(self.last_loss, lr, grad_norm, time.perf_counter() - t0, bool(stats[2] > 0))
+        return StepStats(self.last_loss, lr, grad_norm, time.perf_counter() - t0, bool(stats[2] > 0), held)
 
     def report(self, s: StepStats) -> None:
         if self.mesh.rank == 0:
@@ -200,6 +218,7 @@ class Trainer:
             self.point("tokens_per_s", self.spec.train.batch_size * self.spec.data.seq_len / s.seconds)
             self.point("step_time_s", s.seconds)
         self.point("mem_peak_bytes", self.memory.peak(), rank=self.mesh.rank)
+        self.point("state_bytes", s.state_bytes, rank=self.mesh.rank)
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def train(self, max_steps: int | None = None) -> TrainResult:
