@@ -81,7 +81,7 @@ def make_sample(
             break
     else:
         raise ValueError(f"seq_len {seq_len} is too short for a {key_digits}-digit passkey")
-    filler = _filler(tokenizer, haystack)
+    filler = _filler(tokenizer, haystack)  # type: ignore[arg-type]  # tokenizers hash by identity
     cut = round(depth * haystack)
     ids = [*intro, *filler[:cut], *needle, *filler[cut:], *question, *answer]
     tokens = torch.tensor(ids, dtype=torch.long)
