@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -73,6 +75,9 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
     head = None
     launcher = None
     con = _console()
+    # SIGTERM (systemd, Docker, Kubernetes) ends like Ctrl-C: uvicorn shuts down, then re-raises the signal it
+    # caught; with this handler that is an exception, so the `finally` below still stops the local Ray head.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         if not settings.ray_address:
             from service.local_ray import LocalRayHead
@@ -114,6 +119,10 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
         if head is not None:
             con.print("[dim]stopping the local Ray head…[/dim]")
             head.stop()
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -6,7 +6,8 @@
 - reconciler: for every active job, polls `launcher.status`. A driver that ended without reporting a
   terminal state (Ray SUCCEEDED/FAILED/STOPPED/UNKNOWN) ends the job FAILED (CANCELLED when a cancel was
   requested) after `reconcile_grace_s`, so a final report still in flight wins; a driver that FAILED (crashed,
-  killed, its node lost) is resubmitted as the next attempt while the job has restarts left (RETRYING; the new
+  killed, its node lost) is resubmitted as the next attempt while the job has restarts left, and one Ray no
+  longer knows (a replaced head) without using a restart (RETRYING; the new
   driver resumes from the last checkpoint and reports that step, which supersedes later points). A cancel the driver
   never confirms is forced after `cancel_grace_s`. After a restart nothing special is needed: running
   drivers keep reporting to the same URL with their token and the reconciler picks their jobs up again.
@@ -211,12 +212,11 @@ class Controller:
             if job.cancel_requested:
                 await self._end(job.id, JobState.CANCELLED, f"cancelled; driver ended (Ray status {info.status})")
             elif info.status == DriverStatus.UNKNOWN:
-                await self._end(
-                    job.id,
-                    JobState.FAILED,
-                    f"Ray does not know driver {job.submission_id} "
-                    f"(the cluster was replaced or the job expired){detail}",
-                )
+                # The Ray head was replaced (a restarted `ringtrain serve` starts a fresh private head) or the
+                # job expired there: the checkpoints are still on disk, so the job continues from them.
+                reason = f"Ray does not know driver {job.submission_id} (the cluster was replaced or the job expired)"
+                if not await self._resubmit(job.id, job.submission_id, reason, counts=False):
+                    await self._end(job.id, JobState.FAILED, reason + detail)
             else:
                 reason = f"the driver ended without reporting a final state (Ray status {info.status}{detail})"
                 if info.status == DriverStatus.FAILED:  # crashed or killed: its checkpoints are still there
@@ -225,11 +225,11 @@ class Controller:
                     reason += f"; no restarts left (max_restarts {JobSpec.model_validate(job.spec).max_restarts})"
                 await self._end(job.id, JobState.FAILED, reason)
 
-    async def _resubmit(self, job_id: str, submission_id: str, reason: str) -> bool:
+    async def _resubmit(self, job_id: str, submission_id: str, reason: str, *, counts: bool = True) -> bool:
         """A lost driver is a lost rank of a bigger kind: while restarts remain, RETRYING and a new driver (next
         attempt) that resumes from the job's last checkpoint; it reports the step it resumes from."""
         try:
-            ok = await asyncio.to_thread(self.store.retry_driver, job_id, submission_id, reason)
+            ok = await asyncio.to_thread(self.store.retry_driver, job_id, submission_id, reason, counts=counts)
         except (JobNotFound, StoreError) as e:
             log.warning("job %s: could not resubmit (%s)", job_id, e)
             return True  # try again on the next pass

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shlex
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ class RayJobLauncher:
                 entrypoint_num_cpus=self.entrypoint_num_cpus,
             )
         except RuntimeError as e:
-            if "already exists" not in str(e):
+            if _ray_error(e) is not _RayError.EXISTS:
                 raise
             log.info("Ray job %s already submitted; not submitting again", sid)
         return sid
@@ -120,14 +121,14 @@ class RayJobLauncher:
         try:
             self._client.stop_job(submission_id)
         except RuntimeError as e:
-            if not _not_found(e):
+            if _ray_error(e) is not _RayError.NOT_FOUND:
                 raise
 
     def status(self, submission_id: str) -> DriverInfo:
         try:
             info = self._client.get_job_info(submission_id)
         except RuntimeError as e:
-            if _not_found(e):
+            if _ray_error(e) is _RayError.NOT_FOUND:
                 return DriverInfo(DriverStatus.UNKNOWN, f"Ray does not know job {submission_id}")
             raise
         status = getattr(info.status, "value", str(info.status))
@@ -141,7 +142,7 @@ class RayJobLauncher:
         try:
             return str(self._client.get_job_logs(submission_id))
         except RuntimeError as e:
-            if _not_found(e):
+            if _ray_error(e) is _RayError.NOT_FOUND:
                 return ""
             raise
 
@@ -185,6 +186,18 @@ class RayJobLauncher:
         return ClusterInfo(nodes=out)
 
 
-def _not_found(e: Exception) -> bool:
-    text = str(e)
-    return "404" in text or "does not exist" in text or "not found" in text.lower()
+class _RayError(Enum):
+    NOT_FOUND = "not found"
+    EXISTS = "already exists"
+    OTHER = "other"
+
+
+def _ray_error(e: RuntimeError) -> _RayError:
+    """What a JobSubmissionClient error means. Ray raises a bare RuntimeError carrying the HTTP status and the
+    server's message, so its text is the only signal: read here, once, and nowhere else."""
+    text = str(e).lower()
+    if "already exists" in text:
+        return _RayError.EXISTS
+    if "404" in text or "does not exist" in text or "not found" in text:
+        return _RayError.NOT_FOUND
+    return _RayError.OTHER

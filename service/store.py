@@ -297,10 +297,11 @@ class Store:
             job.submit_failures += 1
             return job.submit_failures
 
-    def retry_driver(self, job_id: str, submission_id: str, reason: str) -> bool:
+    def retry_driver(self, job_id: str, submission_id: str, reason: str, *, counts: bool = True) -> bool:
         """The job's driver died without a final report: RETRYING, next attempt, no submission (the scheduler
         submits a new driver). False, changing nothing, when no restart is left, a cancel was asked for, the job
-        ended, or another driver already replaced that one."""
+        ended, or another driver already replaced that one. `counts=False`: the cluster lost the driver, not the
+        job (a replaced local head): no restart is used."""
         now = time.time()
         with self._write() as (s, out):
             job = self._lock_job(s, job_id)
@@ -310,11 +311,14 @@ class Store:
                 cur.terminal
                 or job.cancel_requested
                 or job.submission_id != submission_id
-                or job.restarts >= max_restarts
+                or (counts and job.restarts >= max_restarts)
             ):
                 return False
             events: list[Event] = []
-            why = f"{reason}; restart {job.restarts + 1}/{max_restarts}: resubmitting the driver"
+            if counts:
+                why = f"{reason}; restart {job.restarts + 1}/{max_restarts}: resubmitting the driver"
+            else:
+                why = f"{reason}: resubmitting the driver (no restart used)"
             for st in [] if cur == JobState.RETRYING else lifecycle.path(cur, JobState.RETRYING):
                 events.append(
                     self._transition(
@@ -325,7 +329,7 @@ class Store:
                 r = LogLine(job_id=job.id, seq=self._next_seq(job), time=now, source="control-plane", line=why)
                 s.add(r)
                 events.append(log_event(r))
-            job.restarts += 1
+            job.restarts += int(counts)
             job.attempt += 1
             job.submission_id = None
             job.submit_failures = 0
