@@ -5,18 +5,23 @@ rank; STRICT_PACK when the whole job fits one node, else PACK (fill the nodes wi
 capacity first); ranks are then ordered node by node, device id ascending, and the number of ring
 edges that cross a node boundary is counted per ring.
 
-Memory per rank (bytes, fp32 everywhere — an upper bound for bf16 runs):
+Memory per rank (bytes, fp32 everywhere — an upper bound for bf16 runs). The training state is sharded by
+FSDP over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are gathered whole
+only while it runs (the one running and the one prefetched), the root's (embedding, head, final norm) for
+the whole step:
 
-    params      = 4·P                                   (P = parameter count, replicated on every rank)
-    grads       = 4·P
-    adamw       = 8·P                                   (exp_avg + exp_avg_sq)
-    activations = 4·b·t·[L·(6·d + 2·d_kv + 3·f + h) + 2·V]          without activation checkpointing
-                  4·b·t·[L·d + (6·d + 2·d_kv + 3·f + h) + 2·V]      with activation checkpointing
+    state       = 16·P / W                              (fp32 param, grad, AdamW exp_avg + exp_avg_sq shards)
+    gathered    = 4·(2·P_root + 3·P_block)              (root params + grads, two blocks + one block's grad)
+    activations = 4·b·t·L·(6·d + 2·d_kv + 3·f + h)      without activation checkpointing
+                  4·b·t·[L·d + (6·d + 2·d_kv + 3·f + h)] with (block inputs kept, one block recomputed)
+    loss        = 4·(2·c·V + V·d + 2·b·t·d)             (chunked: one chunk's logits + softmax, the head's
+                                                         fp32 gradient sum, hidden states and their gradient)
     ring_buffers= 4·b·t·2·d_kv·2                        (K and V blocks: the one computed + the one in flight)
 
-with b = batch_size / data_parallel sequences, t = seq_len / ring_size local tokens, L layers, d = d_model,
-d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads (log-sum-exp per head), V = vocab (logits and
-their gradient).
+with b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local tokens, L
+layers, d = d_model, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads (log-sum-exp per head),
+V = vocab, c = min(LOSS_CHUNK_TOKENS, b·t) tokens per loss chunk. bench/fsdp_memory.py compares this
+with measured per-rank peaks (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -58,28 +63,43 @@ def param_count(spec: JobSpec) -> int:
     return m.n_layers * per_layer + emb + d
 
 
+LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service does not import the trainer)
+
+
 def memory_estimate(spec: JobSpec) -> dict[str, Any]:
     m, p = spec.model, spec.parallel
     P = param_count(spec)
+    ulysses = getattr(p, "ulysses_size", 1)
+    W = p.data_parallel * p.ring_size * ulysses
     b = spec.train.batch_size // p.data_parallel
-    t = spec.data.seq_len // p.ring_size
+    t = spec.data.seq_len // (p.ring_size * ulysses)
     d, kvd, f, h, V, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.vocab_size, m.n_layers
+    p_block = 2 * d * d + 2 * d * kvd + 3 * d * f + 2 * d
+    p_root = P - L * p_block
     per_layer = 6 * d + 2 * kvd + 3 * f + h
-    if spec.train.activation_checkpointing:
-        act = 4 * b * t * (L * d + per_layer + 2 * V)
-    else:
-        act = 4 * b * t * (L * per_layer + 2 * V)
-    ring = 4 * b * t * 2 * kvd * 2
-    parts = {"params": 4 * P, "grads": 4 * P, "adamw": 8 * P, "activations": act, "ring_buffers": ring}
+    kept_layers = d * L + per_layer if spec.train.activation_checkpointing else L * per_layer
+    act = 4 * b * t * kept_layers
+    chunk = min(LOSS_CHUNK_TOKENS, b * t)
+    parts = {
+        "params": 4 * P // W,
+        "grads": 4 * P // W,
+        "adamw": 8 * P // W,
+        "gathered": 4 * (2 * p_root + 3 * p_block),
+        "activations": act,
+        "loss": 4 * (2 * chunk * V + V * d + 2 * b * t * d),
+        "ring_buffers": 4 * b * t * 2 * kvd * 2,
+    }
     return {
         "param_count": P,
+        "world_size": W,
         "local_tokens": t,
         "local_batch": b,
         "bytes": parts,
         "total_bytes": sum(parts.values()),
-        "formula": "4·P (params) + 4·P (grads) + 8·P (AdamW) + 4·b·t·[L·(6d + 2d_kv + 3f + h) + 2V] (activations; "
-        "L·d + one layer with activation checkpointing) + 16·b·t·d_kv (ring K/V buffers); fp32, "
-        "b = batch/data_parallel, t = seq_len/ring_size",
+        "formula": "16·P/W (params, grads, AdamW: sharded over all W ranks) + 4·(2·P_root + 3·P_block) (gathered "
+        "by FSDP) + 4·b·t·L·(6d + 2d_kv + 3f + h) (activations; L·d + one layer with activation checkpointing) "
+        "+ 4·(2·c·V + V·d + 2·b·t·d) (chunked loss, c ≤ 4096 tokens) + 16·b·t·d_kv (ring K/V buffers); fp32, "
+        "b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size)",
     }
 
 

@@ -62,7 +62,13 @@ def skeleton(spec: JobSpec) -> nn.Module:
 def materialize(model: nn.Module, spec: JobSpec, device: torch.device) -> None:
     """Allocate this rank's shards on `device` and fill them (from the seed, or the pretrained files)."""
     buffers = {name: b.clone() for name, b in model.named_buffers()}
+    tied = _tied_groups(model)
     model.to_empty(device=device)
+    for names in tied:  # a plain (unsharded) model gets one new tensor per name: tie them again
+        first = model.get_parameter(names[0])
+        for name in names[1:]:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, first)
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
@@ -72,6 +78,14 @@ def materialize(model: nn.Module, spec: JobSpec, device: torch.device) -> None:
         _load_pretrained_shards(model, str(spec.model.path))
     else:
         raise TypeError(f"cannot materialize a {type(model).__name__}")
+
+
+def _tied_groups(model: nn.Module) -> list[list[str]]:
+    """Names that share one parameter (a tied LM head and input embedding)."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
