@@ -1,8 +1,11 @@
 """Hands queued jobs to the launcher and reconciles the cluster's view with the store.
 
-- scheduler: QUEUED jobs (and active jobs without a submission id, after a control-plane crash) are
-  submitted with a fresh per-job ingest token; Ray submission failures are retried with back-off,
-  then the job FAILS with the launcher's message.
+- scheduler: QUEUED jobs wait in the admission queue (`service.admission`: priority, then submission time;
+  per-owner quotas; only what fits the cluster's free capacity now starts, so a queued job holds nothing) and
+  each waiting job's position and reason are stored; an admitted job (and an active job without a submission id:
+  its driver was lost, or the control plane crashed) is submitted with a fresh per-job ingest token; Ray
+  submission failures are retried with back-off, then the job FAILS with the launcher's message. A queued job the
+  whole cluster can no longer hold (nodes lost) waits `queue_shrink_grace_s` for them, then FAILS with that reason.
 - reconciler: for every active job, polls `launcher.status`. A driver that ended without reporting a
   terminal state (Ray SUCCEEDED/FAILED/STOPPED/UNKNOWN) ends the job FAILED (CANCELLED when a cancel was
   requested) after `reconcile_grace_s`, so a final report still in flight wins; a driver that FAILED (crashed,
@@ -25,10 +28,12 @@ from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
-from service.launcher import DriverStatus, Launcher, LaunchRequest
+from service import admission
+from service.launcher import ClusterInfo, DriverStatus, Launcher, LaunchRequest
+from service.models import Job
 from service.settings import Settings
 from service.store import JobNotFound, Store, StoreError, hash_token
-from workers.config import JobSpec
+from workers.config import SKIP_FILE_CHECKS, JobSpec
 from workers.protocol import JobState
 
 log = logging.getLogger("ringtrain.controller")
@@ -50,6 +55,8 @@ class Controller:
         self._wake = asyncio.Event()
         self._ended_seen: dict[str, float] = {}
         self._submitting: dict[str, asyncio.Task[None]] = {}
+        self._specs: dict[str, JobSpec] = {}  # stored specs never change: validated once per job
+        self._too_big_since: dict[str, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- lifecycle of the loops -----------------------------------------------------------------
@@ -85,15 +92,95 @@ class Controller:
 
     # ---- scheduling -----------------------------------------------------------------------------
     async def schedule_once(self) -> None:
-        """Start a submission for every active job without a driver; each is its own task, so one job's back-off
-        delays no other."""
-        for job in await asyncio.to_thread(self.store.active_jobs):
+        """Admit what fits from the queue, and hand each admitted job without a driver to the launcher; each
+        submission is its own task, so one job's back-off delays no other."""
+        active = await asyncio.to_thread(self.store.active_jobs)
+        alive = {j.id for j in active}
+        for cache in (self._specs, self._too_big_since):
+            for jid in [k for k in cache if k not in alive]:
+                del cache[jid]
+        queued: list[Job] = []
+        for job in active:
             if job.submission_id is not None or job.cancel_requested or job.id in self._submitting:
                 continue
-            spec = JobSpec.model_validate(job.spec)
-            task = asyncio.create_task(self._submit(job.id, spec, job.attempt, job.restarts))
-            self._submitting[job.id] = task
-            task.add_done_callback(functools.partial(self._submission_ended, job.id))
+            if job.state == JobState.QUEUED.value:
+                queued.append(job)
+            else:  # already admitted: its driver was lost, it goes straight back to the launcher
+                self._start(job)
+        if queued:
+            await self._admit(queued, [j for j in active if j not in queued])
+
+    def _spec(self, job: Job) -> JobSpec:
+        spec = self._specs.get(job.id)
+        if spec is None:
+            spec = self._specs[job.id] = JobSpec.model_validate(job.spec, context=SKIP_FILE_CHECKS)
+        return spec
+
+    def _start(self, job: Job) -> None:
+        task = asyncio.create_task(self._submit(job.id, self._spec(job), job.attempt, job.restarts))
+        self._submitting[job.id] = task
+        task.add_done_callback(functools.partial(self._submission_ended, job.id))
+
+    async def _admit(self, queued: list[Job], admitted: list[Job]) -> None:
+        """One pass of the admission queue (`service.admission.decide`) against the cluster as Ray reports it now."""
+        try:
+            cluster = await asyncio.wait_for(asyncio.to_thread(self.launcher.cluster), timeout=10)
+        except Exception as e:  # Ray unreachable: nothing starts, nothing fails, the queue keeps its order
+            why = f"cannot read the cluster's capacity ({type(e).__name__}: {str(e)[:300]}); waiting"
+            ranked = admission.order([self._queued(j, ClusterInfo()) for j in queued])
+            await asyncio.to_thread(self.store.set_queue, {q.job_id: (i + 1, why) for i, q in enumerate(ranked)})
+            return
+        now = time.time()
+        placed: list[tuple[str, admission.Demand, int]] = []
+        pending: list[admission.Demand] = []
+        owners: list[admission.Admitted] = []
+        for job in admitted:
+            d = admission.demand_of(self._spec(job), admission.uses_gpus(self._spec(job), cluster))
+            owners.append(admission.Admitted(job.id, job.owner, d))
+            if job.state == JobState.RUNNING.value and job.placement:
+                per_node: dict[str, int] = {}
+                for p in job.placement:
+                    per_node[str(p.get("node_id"))] = per_node.get(str(p.get("node_id")), 0) + 1
+                placed += [(nid, d, n) for nid, n in per_node.items()]
+            else:  # its placement group may not show in Ray's usage yet: charge it before anyone else starts
+                pending.append(d)
+        free = admission.free_nodes(cluster, placed)
+        for d in pending:
+            admission.take(d, free)
+        jobs = {j.id: j for j in queued}
+        decision = admission.decide(
+            [self._queued(j, cluster) for j in queued],
+            owners,
+            free,
+            admission.total_nodes(cluster),
+            self.settings.quotas,
+            now,
+            self.settings.queue_reserve_after_s,
+        )
+        updates: dict[str, tuple[int | None, str | None]] = dict(decision.waiting)
+        updates.update({jid: (None, None) for jid in decision.start})
+        await asyncio.to_thread(self.store.set_queue, updates)
+        for jid in decision.start:
+            log.info("job %s: admitted (%s)", jid, jobs[jid].name)
+            self._start(jobs[jid])
+        await self._fail_too_big(decision, now)
+
+    def _queued(self, job: Job, cluster: ClusterInfo) -> admission.Queued:
+        spec = self._spec(job)
+        d = admission.demand_of(spec, admission.uses_gpus(spec, cluster))
+        return admission.Queued(job.id, job.owner, job.priority, job.created_at, d)
+
+    async def _fail_too_big(self, decision: admission.Decision, now: float) -> None:
+        """A queued job the cluster shrank under waits `queue_shrink_grace_s` for nodes to return, then fails."""
+        for jid in list(self._too_big_since):
+            if jid not in decision.too_big:
+                del self._too_big_since[jid]
+        grace = self.settings.queue_shrink_grace_s
+        for jid in decision.too_big:
+            since = self._too_big_since.setdefault(jid, now)
+            if now - since >= grace:
+                why = decision.waiting[jid][1]
+                await self._end(jid, JobState.FAILED, f"{why}; no node came back within {grace:g}s")
 
     def _submission_ended(self, job_id: str, task: asyncio.Task[None]) -> None:
         self._submitting.pop(job_id, None)

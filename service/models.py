@@ -56,6 +56,10 @@ class Job(Base):
     created_at: Mapped[float] = mapped_column(Float, index=True)
     updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the admission queue (service.admission): order, and what the scheduler last said about a waiting job
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    queue_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Transition(Base):

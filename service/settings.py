@@ -11,6 +11,8 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.admission import Quota
+
 DEFAULT_TOKEN_FILE = Path("~/.ringtrain/token")
 
 
@@ -35,6 +37,15 @@ class Settings(BaseSettings):
     cancel_grace_s: float = Field(60.0, ge=0, description="force CANCELLED if the driver has not confirmed by then")
     submit_attempts: int = Field(5, ge=1, description="Ray submission tries before a job fails")
     sse_ping_s: float = Field(15.0, gt=0)
+    quotas: dict[str, Quota] = Field(
+        default_factory=dict, description="JSON owner → {max_running_jobs, max_cpus, max_gpus} (admission queue)"
+    )
+    queue_reserve_after_s: float = Field(
+        300.0, ge=0, description="a queued job that waited this long keeps later jobs from starting past it"
+    )
+    queue_shrink_grace_s: float = Field(
+        600.0, ge=0, description="a queued job larger than the cluster (nodes lost) fails after waiting this long"
+    )
     log_level: str = "INFO"
 
     @field_validator("api_tokens", mode="before")

@@ -170,6 +170,8 @@ class Store:
         s.add(t)
         job.state = to.value
         job.updated_at = now
+        if to != JobState.QUEUED:  # out of the admission queue
+            job.queue_position = job.queue_reason = None
         if to.terminal:
             job.finished_at = now
         return transition_event(t)
@@ -198,6 +200,7 @@ class Store:
             cancel_requested=False,
             created_at=now,
             updated_at=now,
+            priority=spec.priority,
         )
         with self._write() as (s, out):
             s.add(job)
@@ -279,6 +282,21 @@ class Store:
                 job.error = reason
             out.append((job_id, [self._transition(s, job, to, reason, now)]))
             return True
+
+    def set_queue(self, waiting: dict[str, tuple[int | None, str | None]]) -> int:
+        """Store the scheduler's word on waiting jobs (job id → queue position, reason; None, None once admitted).
+        Only QUEUED rows whose values changed are written, so a steady queue costs no writes. Returns rows changed."""
+        if not waiting:
+            return 0
+        changed = 0
+        with self._write() as (s, _):
+            q = select(Job).where(Job.id.in_(list(waiting)), Job.state == JobState.QUEUED.value)
+            for job in s.scalars(q if self.is_sqlite else q.with_for_update()):
+                pos, why = waiting[job.id]
+                if (job.queue_position, job.queue_reason) != (pos, why):
+                    job.queue_position, job.queue_reason = pos, why
+                    changed += 1
+        return changed
 
     def set_submission(self, job_id: str, submission_id: str) -> Job:
         with self._write() as (s, _):

@@ -428,6 +428,7 @@ class JobSpec(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     max_restarts: int = Field(2, ge=0, le=100)
+    priority: int = Field(0, ge=-1000, le=1000, description="higher starts first when jobs wait for capacity")
 
     @field_validator("name")
     @classmethod
