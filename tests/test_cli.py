@@ -47,7 +47,7 @@ def test_submit_list_status_cancel_logs(srv, capsys):
     d.metrics(range(3))
     d.post([d.item("log", line="step 2 loss 0.33", source="rank-0")])
     code, out, _ = run(capsys, "status", job_id)
-    assert code == 0 and "RUNNING" in out and "step 2/600" in out and "2 ranks placed" in out and "rank 0" in out
+    assert code == 0 and "RUNNING" in out and "step 2/700" in out and "2 ranks placed" in out and "rank 0" in out
     code, out, _ = run(capsys, "logs", job_id)
     assert "[rank-0] step 2 loss 0.33" in out and "Ray driver log" in out
     code, out, _ = run(capsys, "cancel", job_id)
