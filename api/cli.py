@@ -168,7 +168,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _fmt_job_line(j: JobOut) -> str:
     loss = j.latest_metrics.get("loss")
     loss_s = f"{loss.value:.4f}" if loss and loss.value is not None else "-"
-    return f"{j.id:<14} {j.state.value:<10} {j.step:>6}/{j.total_steps:<6} {loss_s:>9}  {j.name}"
+    state = f"{j.state.value} #{j.queue_position}" if j.queue_position is not None else j.state.value
+    line = f"{j.id:<14} {state:<12} {j.step:>6}/{j.total_steps:<6} {loss_s:>9}  {j.name}"
+    return line + (f"\n{'':<14} waits: {j.queue_reason}" if j.queue_reason else "")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -247,7 +249,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             if not page.jobs:
                 print("no jobs (submit one: ringtrain submit examples/passkey.yaml)")
                 return
-            print(f"{'ID':<14} {'STATE':<10} {'STEP':>13} {'LOSS':>9}  NAME")
+            print(f"{'ID':<14} {'STATE':<12} {'STEP':>13} {'LOSS':>9}  NAME")
             for j in page.jobs:
                 print(_fmt_job_line(j))
             if page.total > page.offset + len(page.jobs):
@@ -267,7 +269,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"  state     {j.state.value}"
                 + ("  (cancel requested)" if j.cancel_requested and not j.state.terminal else "")
             )
-            print(f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}")
+            if j.queue_position is not None:
+                print(f"  queue     position {j.queue_position}: {j.queue_reason or 'waiting'}")
+            print(f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   priority {j.priority}")
             print(f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   updated {j.updated_at:%H:%M:%S}")
             for name, m in sorted(j.latest_metrics.items()):
                 print(f"  {name:<16} {m.value if m.value is not None else 'nan'}  (step {m.step})")

@@ -103,6 +103,17 @@ class JobOut(_FromRow):
         {}, validation_alias=AliasChoices("latest", "latest_metrics")
     )
     transitions: list[TransitionOut] | None = None
+    priority: int = Field(0, description="higher starts first when jobs wait for capacity (the spec's priority)")
+    queue_position: int | None = Field(
+        None, description="place in the admission queue (1 = next to start); null unless the job is waiting QUEUED"
+    )
+    queue_reason: str | None = Field(None, description="why the job waits (capacity, quota, …); null unless waiting")
+
+    @pydantic.model_validator(mode="after")
+    def _only_while_waiting(self) -> JobOut:
+        if self.state != JobState.QUEUED or self.cancel_requested:
+            self.queue_position = self.queue_reason = None
+        return self
 
     @classmethod
     def of(cls, job: Job, transitions: Sequence[Transition] | None = None) -> JobOut:

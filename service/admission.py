@@ -11,8 +11,8 @@ The rules, in order:
 2. Quotas (`RINGTRAIN_QUOTAS`): a job whose owner would go over `max_running_jobs`, `max_cpus` or `max_gpus` with it
    is skipped — it keeps its place but blocks nobody else.
 3. Capacity: a job starts when its ranks fit the free capacity now, node by node (one bundle per rank, as the driver
-   reserves them). Admitted jobs whose placement Ray may not show yet are charged against the free capacity first, so
-   one pass never over-commits.
+   reserves them): the lower of Ray's free figure and ringtrain's own ledger (`free_nodes`), so neither Ray's
+   reporting lag nor a job admitted a moment ago over-commits the cluster; each admission in a pass takes its share.
 4. No starvation: a job that cannot fit lets later (smaller) jobs start past it — until it has waited
    `reserve_after_s`. From then on it *reserves*: nothing behind it starts until it has started, so capacity freed by
    finishing jobs accumulates for it. (Priority stays strict: a job of higher priority is ahead of it, not behind.)
@@ -105,22 +105,29 @@ def take(d: Demand, nodes: list[Free]) -> None:
             return
 
 
-def free_nodes(cluster: ClusterInfo, placed: Sequence[tuple[str, Demand, int]] = ()) -> list[Free]:
-    """Free capacity per alive node: Ray's own figure, but never more than the node's total less the bundles of
-    ringtrain jobs known to run there (`placed`: node id, demand, ranks there). Ray's usage report lags a
-    placement group by a second or two; the min of both views never over-commits a node."""
+def free_nodes(
+    cluster: ClusterInfo, placed: Sequence[tuple[str, Demand, int]] = (), pending: Sequence[Demand] = ()
+) -> list[Free]:
+    """Free capacity per alive node: the lower of two views. Ray's own figure (which sees every user of the cluster,
+    but lags a placement group by a second or two) and ringtrain's ledger: the node's total less the bundles of jobs
+    known to run there (`placed`: node id, demand, ranks there) and less admitted jobs not placed yet (`pending`,
+    charged where they most likely land). Charging pending jobs to the ledger only, never to Ray's figure, counts a
+    job whose placement group Ray already shows once, not twice."""
     claimed: dict[str, list[float]] = {}
     for node_id, d, ranks in placed:
         c = claimed.setdefault(node_id, [0.0, 0.0])
         c[0] += ranks * d.cpus_per_bundle
         c[1] += ranks * d.gpus_per_bundle
-    out = []
-    for n in cluster.nodes:
-        if not n.alive:
-            continue
+    alive = [n for n in cluster.nodes if n.alive]
+    ledger = []
+    for n in alive:
         used = claimed.get(n.node_id, [0.0, 0.0])
-        out.append(Free(n.node_id, min(n.cpus_free, n.cpus_total - used[0]), min(n.gpus_free, n.gpus_total - used[1])))
-    return out
+        ledger.append(Free(n.node_id, n.cpus_total - used[0], n.gpus_total - used[1]))
+    for d in pending:
+        take(d, ledger)
+    return [
+        Free(n.node_id, min(n.cpus_free, o.cpus), min(n.gpus_free, o.gpus)) for n, o in zip(alive, ledger, strict=True)
+    ]
 
 
 def total_nodes(cluster: ClusterInfo) -> list[Free]:

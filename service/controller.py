@@ -142,11 +142,9 @@ class Controller:
                 for p in job.placement:
                     per_node[str(p.get("node_id"))] = per_node.get(str(p.get("node_id")), 0) + 1
                 placed += [(nid, d, n) for nid, n in per_node.items()]
-            else:  # its placement group may not show in Ray's usage yet: charge it before anyone else starts
+            else:  # not placed yet (or not reported): charged to the ledger where it most likely lands
                 pending.append(d)
-        free = admission.free_nodes(cluster, placed)
-        for d in pending:
-            admission.take(d, free)
+        free = admission.free_nodes(cluster, placed, pending)
         jobs = {j.id: j for j in queued}
         decision = admission.decide(
             [self._queued(j, cluster) for j in queued],

@@ -143,7 +143,7 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
         return out
     if free < W:
         out.warnings.append(
-            f"only {free} of the {W} {need} are free now: the job will wait in PLACING (up to the placement timeout)"
+            f"only {free} of the {W} {need} are free now: the job waits QUEUED, holding nothing, until they are"
         )
     use_free = free >= W
     caps = sorted(((_capacity(n, bundle, free=use_free), n) for n in nodes), key=lambda x: (-x[0], x[1].node_id))

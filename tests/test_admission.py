@@ -96,7 +96,7 @@ def test_a_job_the_shrunken_cluster_cannot_hold_waits_flagged_and_reserves_nothi
     assert d.waiting["big"] == (1, "the whole cluster now has room for 2 of its 4 × (1 CPU) (nodes lost?)")
 
 
-def test_free_capacity_is_the_lower_of_rays_view_and_the_known_placements() -> None:
+def test_free_capacity_is_the_lower_of_rays_view_and_the_ledger() -> None:
     cluster = ClusterInfo(
         nodes=[
             NodeInfo("n0", "10.0.0.1", True, 4, 4, 0, 0),  # Ray's usage report has not caught up with a job here
@@ -108,6 +108,11 @@ def test_free_capacity_is_the_lower_of_rays_view_and_the_known_placements() -> N
     assert [(f.node_id, f.cpus) for f in free] == [("n0", 2.0), ("n1", 1.0)]
     take(TWO, free)  # charged to the node with the most room first
     assert [(f.node_id, f.cpus) for f in free] == [("n0", 0.0), ("n1", 1.0)]
+    # a job admitted but not placed yet: charged to the ledger once, whether or not Ray already shows its group
+    before = ClusterInfo(nodes=[NodeInfo("n0", "10.0.0.1", True, 4, 4, 0, 0)])
+    after = ClusterInfo(nodes=[NodeInfo("n0", "10.0.0.1", True, 4, 2, 0, 0)])
+    assert [f.cpus for f in free_nodes(before, pending=[TWO])] == [2.0]
+    assert [f.cpus for f in free_nodes(after, pending=[TWO])] == [2.0]
 
 
 def test_demand_follows_the_spec_and_the_cluster() -> None:

@@ -12,6 +12,8 @@ from api.body import check_data_path, parse_spec
 from api.deps import AppContext, Ctx, Owner
 from api.errors import ApiError
 from api.schemas import ErrorResponse, JobList, JobOut, LogOut, LogPage, MetricOut, MetricPage
+from service import admission
+from service.launcher import ClusterInfo
 from service.planner import plan
 from workers.config import JobSpec
 from workers.protocol import JobState
@@ -28,17 +30,28 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 SPEC_BODY = {"x-jobspec-body": True}
 
 
-async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> None:
-    """Reject a job the whole cluster can never hold (a cluster we cannot read is not checked here)."""
+async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo | None:
+    """Reject a job the whole cluster can never hold (a cluster we cannot read is not checked here); returns the
+    cluster as read (None when it could not be)."""
     try:
         cluster = await ctx.cluster()
     except Exception:
-        return
+        return None
     if not any(n.alive for n in cluster.nodes):
-        return
+        return cluster
     p = plan(spec, cluster)
     if not p.fits:  # with alive nodes, the planner says no only when the whole cluster is too small
         raise ApiError(422, p.warnings[0], field="parallel.ring_size")
+    return cluster
+
+
+def check_against_quota(ctx: AppContext, owner: str, spec: JobSpec, cluster: ClusterInfo | None) -> None:
+    """Reject a job that alone is over its owner's quota: it could never leave the queue."""
+    quota = ctx.settings.quotas.get(owner)
+    gpu = admission.uses_gpus(spec, cluster or ClusterInfo())
+    why = admission.never_within_quota(owner, admission.demand_of(spec, gpu), quota)
+    if why is not None:
+        raise ApiError(422, f"the job alone is over its owner's quota: {why}", field="parallel.ring_size")
 
 
 @router.post(
@@ -52,7 +65,7 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
     """Create a job from a spec (JSON, or YAML with `Content-Type: application/yaml`). It starts QUEUED."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
     check_data_path(spec, ctx.settings.resolved_data_roots())
-    await check_against_cluster(ctx, spec)
+    check_against_quota(ctx, owner, spec, await check_against_cluster(ctx, spec))
     # the ingest token the driver uses is (re)generated when the job is handed to the launcher
     job = await asyncio.to_thread(ctx.store.create_job, owner, spec, secrets.token_urlsafe(32))
     ctx.controller.wake()

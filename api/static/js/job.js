@@ -86,6 +86,8 @@ export function mountJob(root, jobId) {
           h("dt", {}, "Job"), h("dd.mono", {}, job.id),
           h("dt", {}, "Owner"), h("dd", {}, job.owner),
           h("dt", {}, "Created"), h("dd", { title: job.created_at }, `${age(job.created_at)} ago`),
+          job.queue_position != null ? [h("dt", {}, "Queue"), h("dd#job-queue", {},
+            `#${job.queue_position} (priority ${job.priority ?? 0}): ${job.queue_reason || "waiting"}`)] : null,
           h("dt", {}, "Restarts"), h("dd", {}, `${job.restarts} of ${job.spec?.max_restarts ?? "?"}`),
           h("dt", {}, "Ring"), h("dd", {}, `${job.spec?.parallel?.ring_size ?? "?"} × ${job.spec?.parallel?.data_parallel ?? 1}` +
             ` (${job.spec?.parallel?.layout ?? ""}), seq_len ${job.spec?.data?.seq_len ?? "?"}`),
@@ -176,6 +178,7 @@ export function mountJob(root, jobId) {
     } catch (e) { if (e.name !== "AbortError") console.warn("refresh job:", e.message); }
   }, 300);
 
+  let queueTimer = null;
   function setJob(j) {
     const placementChanged = JSON.stringify(j.placement) !== JSON.stringify(job?.placement);
     job = j;
@@ -183,6 +186,9 @@ export function mountJob(root, jobId) {
     renderHead();
     renderTimeline();
     if (placementChanged) renderRingSoon();
+    // a waiting job's queue position changes without events: re-read it while it waits
+    clearTimeout(queueTimer);
+    if (j.state === "QUEUED") queueTimer = setTimeout(() => { if (!ctrl.signal.aborted) refreshJob(); }, 2000);
   }
 
   async function confirmCancel() {
