@@ -12,9 +12,12 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.staticfiles import StaticFiles
 
 from api import errors
+from api.audit import AuditMiddleware
 from api.body import YAML_TYPES, BodyLimitMiddleware
 from api.deps import AppContext
-from api.routers import cluster, dashboard, events, health, jobs, reports
+from api.ratelimit import Limit, RateLimiter
+from api.routers import audit, cluster, dashboard, events, health, jobs, reports
+from api.security import SecurityHeadersMiddleware
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
 from service.db import make_engine, migrate
@@ -75,6 +78,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
         controller=controller,
         tokens=tokens,
         telemetry=telemetry,
+        limiter=limiter(settings),
     )
 
     @asynccontextmanager
@@ -97,12 +101,26 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     errors.install(app)
     for r in (jobs.router, events.router, reports.router, cluster.router, dashboard.router, health.router):
         app.include_router(r)
+    app.include_router(audit.router)
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_report_bytes=settings.max_report_bytes
     )
+    app.add_middleware(AuditMiddleware, store=store)
+    app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
     return app
+
+
+def limiter(settings: Settings) -> RateLimiter:
+    on = settings.rate_limits
+    return RateLimiter(
+        {
+            "api": Limit(settings.rate_api_per_s if on else 0, settings.rate_api_burst),
+            "report": Limit(settings.rate_report_per_s if on else 0, settings.rate_report_burst),
+            "unauth": Limit(settings.rate_unauth_per_s if on else 0, settings.rate_unauth_burst),
+        }
+    )
 
 
 class RingtrainApp(FastAPI):

@@ -1,13 +1,16 @@
-"""Shared request dependencies: the application context and authentication.
+"""Shared request dependencies: the application context, authentication and rate limits.
 
 User routes take `Authorization: Bearer <API token>` → owner (constant-time compare against every
-configured token). The report route takes the job's ingest token instead; neither kind works on the
-other's routes. Tokens are never logged.
+configured token; a configured `sha256:<hex>` entry is compared with the presented token's digest). The
+report route takes the job's ingest token instead; neither kind works on the other's routes. Tokens are
+never logged. Each authenticated request takes one unit of its token's rate limit; a request without a
+valid token takes one of its client address's (`api.ratelimit`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import time
 from dataclasses import dataclass, field
@@ -17,11 +20,12 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import ApiError
+from api.ratelimit import RateLimiter, retry_after
 from api.telemetry import Telemetry
 from service.controller import Controller
 from service.hub import Hub
 from service.launcher import ClusterInfo, Launcher
-from service.settings import Settings
+from service.settings import HASHED_PREFIX, Settings
 from service.store import Store
 
 
@@ -34,6 +38,7 @@ class AppContext:
     controller: Controller
     tokens: dict[str, str]
     telemetry: Telemetry
+    limiter: RateLimiter
     _cluster: tuple[float, ClusterInfo] | None = field(default=None, repr=False)
 
     async def cluster(self, max_age_s: float = 5.0) -> ClusterInfo:
@@ -57,18 +62,49 @@ _UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
 
 
 def owner_of(tokens: dict[str, str], presented: str) -> str | None:
+    """The owner of the presented token. A hashed entry matches the presented token's SHA-256, never the
+    presented text itself: someone who read `sha256:<hex>` from the configuration cannot log in with it."""
+    raw = presented.encode()
+    hashed = (HASHED_PREFIX + hashlib.sha256(raw).hexdigest()).encode()
     found = None
-    for token, owner in tokens.items():  # no early exit: timing does not depend on which token matched
-        if hmac.compare_digest(token.encode(), presented.encode()):
+    for entry, owner in tokens.items():  # no early exit: timing does not depend on which token matched
+        if hmac.compare_digest(entry.encode(), hashed if entry.startswith(HASHED_PREFIX) else raw):
             found = owner
     return found
 
 
+_THROTTLED = {
+    "api": "too many requests with this API token",
+    "report": "too many report batches for this job",
+    "unauth": "too many requests without a valid token from this address",
+}
+
+
+def throttle(ctx: AppContext, kind: str, key: str) -> None:
+    """Take one unit of the (kind, key) bucket, or answer 429 with `Retry-After`."""
+    wait = ctx.limiter.take(kind, key)
+    if wait:
+        ctx.telemetry.throttled.labels(kind).inc()
+        lim = ctx.limiter.limits[kind]
+        after = retry_after(wait)
+        raise ApiError(
+            429,
+            f"{_THROTTLED[kind]} (limit {lim.rate:g}/s, bursts of {lim.burst}); retry in {after} s",
+            headers={"Retry-After": after},
+        )
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
 def current_owner(
+    request: Request,
     ctx: Annotated[AppContext, Depends(get_ctx)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> str:
     if creds is None or not creds.credentials:
+        throttle(ctx, "unauth", client_address(request))
         raise ApiError(
             401,
             "missing API token: send 'Authorization: Bearer <token>' (see ~/.ringtrain/token)",
@@ -76,7 +112,10 @@ def current_owner(
         )
     owner = owner_of(ctx.tokens, creds.credentials)
     if owner is None:
+        throttle(ctx, "unauth", client_address(request))
         raise ApiError(401, "invalid API token", headers=_UNAUTHORIZED)
+    throttle(ctx, "api", hashlib.sha256(creds.credentials.encode()).hexdigest())
+    request.state.owner = owner  # for the audit trail (api.audit)
     return owner
 
 

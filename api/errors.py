@@ -39,6 +39,11 @@ _STATUS_CODES = {
 _UNION_TAGS = {"passkey", "text"}  # discriminator tags pydantic puts into locations of `data`
 
 
+def status_code_name(status: int) -> str:
+    """The error shape's `code` for a status (e.g. 404 → "not_found")."""
+    return _STATUS_CODES.get(status, "error")
+
+
 class ApiError(Exception):
     def __init__(
         self,

@@ -86,6 +86,14 @@ class Telemetry:
         self.reports = Counter(
             "ringtrain_report_batches", "report batches by outcome", ["outcome"], registry=self.registry
         )
+        self.throttled = Counter(
+            "ringtrain_rate_limited_requests",
+            "requests refused with 429 by kind of limit (api: per token, report: per job, unauth: per address)",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in ("api", "report", "unauth"):  # exported at 0 from the start, so rate() works at once
+            self.throttled.labels(kind)
         self.registry.register(_JobsByState(store))
 
 

@@ -104,3 +104,26 @@ class LogLine(Base):
     time: Mapped[float] = mapped_column(Float)
     source: Mapped[str] = mapped_column(String(100))
     line: Mapped[str] = mapped_column(Text)
+
+
+class AuditEvent(Base):
+    """Who did what through the API, when, from where, and how it ended: one row per authenticated request that
+    could change something (create, cancel, …), failed ones included. No foreign key: a refused create has no job,
+    and the trail outlives the jobs it names."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        Index("ix_audit_events_owner_id", "owner", "id"),
+        Index("ix_audit_events_job_id_id", "job_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Float)
+    owner: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(64))
+    method: Mapped[str] = mapped_column(String(8))
+    route: Mapped[str] = mapped_column(String(200))
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    status: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(64))
+    client: Mapped[str] = mapped_column(String(100))

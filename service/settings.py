@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from service.admission import Quota
 
 DEFAULT_TOKEN_FILE = Path("~/.ringtrain/token")
+HASHED_PREFIX = "sha256:"  # an api_tokens key with this prefix is the hex SHA-256 of the token, not the token
 
 
 class Settings(BaseSettings):
@@ -21,7 +23,9 @@ class Settings(BaseSettings):
 
     database_url: str = "sqlite:///./ringtrain.db"
     ray_address: str = Field("", description="Ray dashboard/job API, e.g. http://head:8265; empty = local head")
-    api_tokens: dict[str, str] | None = Field(None, description="JSON object token → owner")
+    api_tokens: dict[str, str] | None = Field(
+        None, description="JSON object token → owner; a key 'sha256:<64 hex>' is the SHA-256 of a token, not a token"
+    )
     token_file: Path = Field(DEFAULT_TOKEN_FILE, description="where the generated admin token is kept")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -47,6 +51,22 @@ class Settings(BaseSettings):
         600.0, ge=0, description="a queued job larger than the cluster (nodes lost) fails after waiting this long"
     )
     log_level: str = "INFO"
+    # Opt-in tracking export (service.tracking; needs `pip install 'ringtrain[tracking]'`)
+    mlflow_tracking_uri: str = Field("", description="MLflow tracking URI; every job becomes a run (empty: off)")
+    mlflow_experiment: str = Field("ringtrain", description="MLflow experiment the runs go to")
+    tensorboard_dir: str = Field("", description="TensorBoard event files under <dir>/<job id>/ (empty: off)")
+    tracking_retry_max_s: float = Field(60.0, gt=0, description="longest wait between export retries in an outage")
+    # Rate limits: token buckets (sustained requests/s, burst); a rate of 0 switches that limit off.
+    rate_limits: bool = Field(True, description="enforce the rate limits below (off: tests that measure capacity)")
+    rate_api_per_s: float = Field(20.0, ge=0, description="per API token, on the user routes")
+    rate_api_burst: int = Field(200, ge=1)
+    rate_report_per_s: float = Field(50.0, ge=0, description="per job, on the report route (drivers send ~5/s)")
+    rate_report_burst: int = Field(300, ge=1)
+    rate_unauth_per_s: float = Field(2.0, ge=0, description="per client address, requests without a valid token")
+    rate_unauth_burst: int = Field(40, ge=1)
+    audit_readers: list[str] = Field(
+        default_factory=lambda: ["admin"], description="owners who may read every owner's audit rows"
+    )
 
     @field_validator("api_tokens", mode="before")
     @classmethod
@@ -57,9 +77,20 @@ class Settings(BaseSettings):
                 return None
             v = json.loads(v)
         if isinstance(v, dict):
+            out = {}
             for token, owner in v.items():
                 if not isinstance(token, str) or len(token) < 8 or not isinstance(owner, str) or not owner:
                     raise ValueError("api_tokens must map tokens (≥ 8 characters) to non-empty owner names")
+                if token.startswith(HASHED_PREFIX):
+                    digest = token[len(HASHED_PREFIX) :].lower()
+                    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                        raise ValueError(
+                            f"api_tokens: the entry of owner {owner!r} is not 'sha256:' and 64 hex digits "
+                            "(the SHA-256 of the token: printf %s TOKEN | sha256sum)"
+                        )
+                    token = HASHED_PREFIX + digest
+                out[token] = owner
+            return out
         return v
 
     @property

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, delete, func, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import lifecycle
-from service.models import Job, LogLine, MetricPointRow, Transition
+from service.models import AuditEvent, Job, LogLine, MetricPointRow, Transition
 from workers.config import JobSpec
 from workers.protocol import JobState, LogItem, MetricItem, ReportItem, StateItem
 
@@ -41,6 +41,14 @@ class ReportGap(Exception):
     def __init__(self, acked_seq: int) -> None:
         super().__init__(f"report sequence gap after {acked_seq}")
         self.acked_seq = acked_seq
+
+
+class JobEnded(Exception):
+    """A report for a job that is already terminal: nothing is applied (its ingest token has stopped working)."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"the job has ended ({state})")
+        self.state = state
 
 
 @dataclass(frozen=True)
@@ -250,6 +258,8 @@ class Store:
             return {st: n for st, n in s.execute(select(Job.state, func.count()).group_by(Job.state))}
 
     def check_ingest_token(self, job_id: str, token: str) -> bool:
+        """Whether the token is the job's current one (each driver attempt gets a new one). A terminal job's
+        token still matches here; `apply_report` refuses its reports (`JobEnded`)."""
         import hmac
 
         with self._read() as s:
@@ -374,11 +384,15 @@ class Store:
     def apply_report(self, job_id: str, items: Sequence[ReportItem]) -> ReportResult:
         """Apply the items with seq > the stored high-water mark, in order, in one transaction.
 
-        Raises ReportGap when the first new item does not follow the mark. An internal gap stops the batch
-        there (the prefix is applied; `applied_to` tells the caller to answer 409 with it).
+        Raises ReportGap when the first new item does not follow the mark, and JobEnded when the job is terminal
+        (a late report changes nothing; items after a terminal state in the same batch are acknowledged, not
+        applied). An internal gap stops the batch there (the prefix is applied; `applied_to` tells the caller to
+        answer 409 with it).
         """
         with self._write() as (s, out):
             job = self._lock_job(s, job_id)
+            if lifecycle.is_terminal(job.state):
+                raise JobEnded(job.state)
             hw = job.last_report_seq
             fresh = sorted((it for it in items if it.seq > hw), key=lambda it: it.seq)
             if not fresh:
@@ -399,6 +413,9 @@ class Store:
             held = self._held_keys(s, job_id, [it for it in fresh if isinstance(it, MetricItem) and it.replay])
             for it in fresh:
                 if it.seq == res.acked_seq:  # duplicate inside the batch
+                    continue
+                if lifecycle.is_terminal(job.state) and it.seq == res.acked_seq + 1:
+                    res.acked_seq = it.seq  # after the job's end in this batch: acknowledged, not applied
                     continue
                 if it.seq != res.acked_seq + 1:
                     res.applied_to = res.acked_seq
@@ -608,6 +625,25 @@ class Store:
             ]
         evs.sort(key=lambda e: e.seq)
         return evs[:limit]
+
+    # ---- audit trail ----------------------------------------------------------------------------
+    def record_audit(self, **fields: Any) -> None:
+        with self._write() as (s, _):
+            s.add(AuditEvent(**fields))
+
+    def audit_events(
+        self, owner: str | None, job_id: str | None = None, before: int | None = None, limit: int = 100
+    ) -> list[AuditEvent]:
+        """Newest first; `owner=None` reads every owner's rows."""
+        q = select(AuditEvent)
+        if owner is not None:
+            q = q.where(AuditEvent.owner == owner)
+        if job_id is not None:
+            q = q.where(AuditEvent.job_id == job_id)
+        if before is not None:
+            q = q.where(AuditEvent.id < before)
+        with self._read() as s:
+            return list(s.scalars(q.order_by(AuditEvent.id.desc()).limit(limit)))
 
 
 def _is_db_error(e: BaseException) -> bool:

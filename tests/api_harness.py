@@ -129,6 +129,7 @@ def make_settings(tmp: Path, database_url: str | None = None, **over: Any) -> Se
         sse_ping_s=1.0,
         token_file=tmp / "token",
         log_level="WARNING",
+        rate_limits=False,  # tests send far faster than any user; the limits are tested on their own (test_security)
     )
     base.update(over)
     return Settings(**base)

@@ -183,8 +183,9 @@ def test_cancel_running_is_idempotent(srv):
     assert "cancel" in got["transitions"][-1]["reason"]
     assert c.post(f"/v1/jobs/{j['id']}/cancel").status_code == 202
     assert job(c, j["id"])["state"] == "CANCELLED"
-    # a late report cannot revive a terminal job
-    assert d.state("RUNNING").status_code == 200
+    # a late report cannot revive a terminal job: refused, nothing applied
+    late = d.state("RUNNING")
+    assert (late.status_code, late.json()["error"]["code"]) == (409, "job_ended")
     assert job(c, j["id"])["state"] == "CANCELLED"
 
 

@@ -163,7 +163,7 @@ def test_token_prompt_and_wrong_token(page: Any, server: Any) -> None:
     page.fill("#token-input", ALICE)
     page.keyboard.press("Enter")
     page.locator("#jobs-table").wait_for()
-    assert page.evaluate("localStorage.getItem('ringtrain.token')") == ALICE
+    assert page.evaluate("sessionStorage.getItem('ringtrain.token')") == ALICE
     assert not dlg.is_visible()
 
 

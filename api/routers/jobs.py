@@ -95,10 +95,12 @@ def get_job(job_id: JobId, ctx: Ctx, owner: Owner) -> JobOut:
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut, responses=ERRORS)
-async def cancel_job(job_id: JobId, ctx: Ctx, owner: Owner) -> JobOut:
+async def cancel_job(request: Request, job_id: JobId, ctx: Ctx, owner: Owner) -> JobOut:
     """Ask the job to stop. Idempotent: cancelling a finished job changes nothing."""
     await ctx.controller.cancel(job_id, owner)
     job = await asyncio.to_thread(ctx.store.get_job, job_id, owner)
+    if JobState(job.state).terminal and not job.cancel_requested:
+        request.state.audit_outcome = "already_ended"  # the audit row says the cancel changed nothing
     return JobOut.of(job, await asyncio.to_thread(ctx.store.transitions, job_id))
 
 

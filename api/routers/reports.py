@@ -1,8 +1,11 @@
 """POST /v1/jobs/{id}/report: the driver's batched metric points, state changes and log lines.
 
-Authenticated by the job's ingest token only. Items with seq ≤ the stored high-water mark are ignored
-(re-sending is safe); new items apply in order in one transaction; a gap answers 409 with
-`{"acked_seq": N}` (resend from N + 1); success answers `ReportAck{acked_seq}`.
+Authenticated by the job's ingest token only (a new one per driver attempt). Items with seq ≤ the stored
+high-water mark are ignored (re-sending is safe); new items apply in order in one transaction; a gap answers
+409 with `{"acked_seq": N}` (resend from N + 1); success answers `ReportAck{acked_seq}`. Once the job is
+terminal every report answers 409 `job_ended` (no `acked_seq`) and changes nothing. Rate-limited per job
+(`RINGTRAIN_RATE_REPORT_*`, sized far above a healthy driver's ~5 batches/s); a request whose token fails
+counts against its address instead.
 """
 
 from __future__ import annotations
@@ -15,19 +18,23 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 
-from api.deps import AppContext, Ctx, bearer, get_ctx
+from api.deps import AppContext, Ctx, bearer, client_address, get_ctx, throttle
 from api.errors import ApiError
 from api.routers.jobs import JobId
 from api.schemas import ErrorResponse
-from service.store import ReportGap
+from service.store import JobEnded, ReportGap
 from workers.protocol import ReportAck, ReportBatch
 
 
-def _check_ingest(ctx: AppContext, job_id: str, creds: HTTPAuthorizationCredentials | None) -> None:
+def _check_ingest(
+    ctx: AppContext, job_id: str, creds: HTTPAuthorizationCredentials | None, address: str = "unknown"
+) -> None:
     if creds is None or not ctx.store.check_ingest_token(job_id, creds.credentials):
+        throttle(ctx, "unauth", address)
         raise ApiError(
             401, "this route takes the job's ingest token (drivers only)", headers={"WWW-Authenticate": "Bearer"}
         )
+    throttle(ctx, "report", job_id)
 
 
 class IngestAuthRoute(APIRoute):
@@ -42,7 +49,8 @@ class IngestAuthRoute(APIRoute):
 
         async def authenticated(request: Request) -> Response:
             job_id = str(request.path_params.get("job_id", ""))
-            await asyncio.to_thread(_check_ingest, get_ctx(request), job_id, await bearer(request))
+            creds = await bearer(request)
+            await asyncio.to_thread(_check_ingest, get_ctx(request), job_id, creds, client_address(request))
             request.state.ingest_job = job_id
             return await handler(request)
 
@@ -57,7 +65,7 @@ def ingest_auth(
 ) -> str:
     """The job id, once its ingest token is verified (by `IngestAuthRoute`, or here when mounted without it)."""
     if getattr(request.state, "ingest_job", None) != job_id:
-        _check_ingest(ctx, job_id, creds)
+        _check_ingest(ctx, job_id, creds, client_address(request))
     return job_id
 
 
@@ -67,7 +75,8 @@ def ingest_auth(
     responses={
         400: {"model": ErrorResponse},
         401: {"model": ErrorResponse},
-        409: {"description": "sequence gap; body has acked_seq"},
+        409: {"description": "sequence gap (body has acked_seq), or the job has ended (code job_ended)"},
+        429: {"model": ErrorResponse},
         413: {"model": ErrorResponse},
         422: {"model": ErrorResponse},
     },
@@ -76,6 +85,14 @@ def report(job_id: Annotated[str, Depends(ingest_auth)], batch: ReportBatch, ctx
     t = ctx.telemetry
     try:
         res = ctx.store.apply_report(job_id, batch.items)
+    except JobEnded as e:
+        t.reports.labels("ended").inc()
+        raise ApiError(
+            409,
+            f"the job has ended ({e.state}): its ingest token no longer reports; nothing was applied",
+            code="job_ended",
+            extra={"state": e.state},
+        ) from e
     except ReportGap as g:
         t.reports.labels("gap").inc()
         raise ApiError(

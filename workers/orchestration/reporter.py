@@ -14,6 +14,8 @@ Why it looks like this:
 * The queue is bounded: when full, new metric/log items are dropped (counted, and announced by a log line once
   there is room again); state items are never dropped. Unnumbered items never leave a gap in the sequence.
 * `close()` flushes with a bounded wait, so a driver exits promptly even when the control plane is gone.
+* A 409 `job_ended` means the job is terminal on the control plane (its token no longer reports): everything
+  unsent is dropped and nothing more is queued, so the driver does not retry what can never be accepted.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Reporter:
         self.failures = 0  # consecutive failed requests
         self.delivered = 0  # items acknowledged so far
         self.last_error: str | None = None
+        self.ended: str | None = None  # the terminal state the control plane answered with (409 job_ended)
         self._client = httpx.Client(timeout=request_timeout_s, transport=transport)
         self._thread = threading.Thread(target=self._run, name="ringtrain-reporter", daemon=True)
         self._thread.start()
@@ -75,6 +78,8 @@ class Reporter:
     # -- producer side: never touches the network -------------------------------------------------------------
     def _enqueue(self, factory: _Factory, droppable: bool) -> bool:
         with self._cond:
+            if self.ended:
+                return False
             if droppable and len(self._queue) >= self._max_queue:
                 self._dropped += 1
                 return False
@@ -168,6 +173,8 @@ class Reporter:
             resp = self._client.post(self.url, content=body, headers=self._headers)
         except httpx.HTTPError as e:
             return self._fail(f"{type(e).__name__}: {e}")
+        if resp.status_code == 409 and _error_code(resp) == "job_ended":
+            return self._job_ended(resp)
         if resp.status_code == 409:
             try:
                 acked = int(resp.json()["acked_seq"])
@@ -229,6 +236,20 @@ class Reporter:
                 self._next_seq = acked + 1 + len(self._window)
             self._cond.notify_all()
 
+    def _job_ended(self, resp: httpx.Response) -> bool:
+        with self._cond:
+            dropped = len(self._queue) + len(self._window)
+            self._queue.clear()
+            self._window.clear()
+            try:
+                self.ended = str(resp.json().get("state") or "ended")
+            except Exception:
+                self.ended = "ended"
+            self.last_error = f"the job has ended ({self.ended}) on the control plane"
+            self._cond.notify_all()
+        log.info("%s: dropped %d unsent report item(s)", self.last_error, dropped)
+        return True
+
     def _fail(self, msg: str) -> bool:
         self.failures += 1
         if self.failures == 1 or self.failures % 50 == 0:
@@ -258,3 +279,10 @@ class Reporter:
         self._thread.join(timeout=self._client.timeout.read or 10.0)
         self._client.close()
         return delivered
+
+
+def _error_code(resp: httpx.Response) -> str | None:
+    try:
+        return str(resp.json()["error"]["code"])
+    except Exception:
+        return None

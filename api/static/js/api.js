@@ -1,13 +1,25 @@
-// The ringtrain REST API from the browser: bearer token from localStorage, one error shape, SSE over fetch
+// The ringtrain REST API from the browser: bearer token from sessionStorage, one error shape, SSE over fetch
 // (EventSource cannot send an Authorization header).
+//
+// The token lives in sessionStorage: it is gone when the tab closes and never written to the profile on disk, so
+// a token left in a shared or lost browser does not outlive the session. (Script on the page could read it from
+// either storage; the strict Content-Security-Policy, no inline script and no third-party origin, is what keeps
+// such script out.) A token an older dashboard kept in localStorage is moved over once and erased there.
 
 const KEY = "ringtrain.token";
 const listeners = new Set();
 
+function migrate() {
+  const old = localStorage.getItem(KEY);
+  if (old === null) return;
+  if (!sessionStorage.getItem(KEY)) sessionStorage.setItem(KEY, old);
+  localStorage.removeItem(KEY);
+}
+
 export const token = {
-  get: () => localStorage.getItem(KEY) || "",
-  set: (t) => localStorage.setItem(KEY, t.trim()),
-  clear: () => localStorage.removeItem(KEY),
+  get: () => { migrate(); return sessionStorage.getItem(KEY) || ""; },
+  set: (t) => { localStorage.removeItem(KEY); sessionStorage.setItem(KEY, t.trim()); },
+  clear: () => { localStorage.removeItem(KEY); sessionStorage.removeItem(KEY); },
 };
 
 /** Called with the ApiError whenever the server answers 401 (missing or wrong token). */

@@ -1,4 +1,5 @@
-// One job: header with progress and cancel, live charts, the ring, the passkey grid, state timeline, logs.
+// One job: header with progress and cancel, live charts, the ring, the passkey grid, state timeline (with the
+// audit trail's rows for the job: who created or cancelled it, from where), logs.
 // Initial load: GET /v1/jobs/{id}/series (downsampled on the server, consistent as of last_seq); then the
 // job's SSE stream from last_seq appends points. Without the /series route it replays the stream from 0.
 import { api, ApiError, followEvents } from "./api.js";
@@ -23,6 +24,7 @@ export function mountJob(root, jobId) {
   let job = null;
   let destroyed = false;
   const transitions = new Map();
+  let auditRows = [];
   const logs = [];
   const perRank = new Map();
   let globalStepTime;
@@ -111,14 +113,31 @@ export function mountJob(root, jobId) {
   const renderPasskeySoon = throttled(() => passkeyBox.replaceChildren(renderPasskey(passkey)), 500);
 
   function renderTimeline() {
-    const items = [...transitions.values()].sort((a, b) => a.seq - b.seq);
-    timeline.replaceChildren(...items.map((t) => h("li", { dataset: { to: t.to } },
+    const states = [...transitions.values()].sort((a, b) => a.seq - b.seq).map((t) => [t.time, h("li", { dataset: { to: t.to } },
       h("time", { datetime: new Date(t.time * 1000).toISOString() }, clock(t.time)),
       h("span", {}, stateBadge(t.to)),
       h("span", {}, t.reason || h("span.muted", {}, "—"), t.from ? h("span.muted", {}, ` (from ${t.from})`) : null,
         t.resume_step !== null && t.resume_step !== undefined
-          ? h("span.resume", {}, ` — resuming from step ${t.resume_step}; later points superseded`) : null))));
+          ? h("span.resume", {}, ` — resuming from step ${t.resume_step}; later points superseded`) : null))]);
+    const audits = auditRows.map((a) => {
+      const t = Date.parse(a.time) / 1000;
+      return [t, h("li.audit", { dataset: { audit: a.action } },
+        h("time", { datetime: a.time }, clock(t)),
+        h("span", {}, h("span.state.audit-badge", {}, "audit")),
+        h("span", {}, `${a.action} by ${a.owner} from ${a.client}`,
+          h("span.muted", {}, ` (${a.status} ${a.outcome})`)))];
+    });
+    // stable sort: a transition and the request that caused it keep their order when the times tie
+    timeline.replaceChildren(...[...states, ...audits].sort((x, y) => x[0] - y[0]).map((x) => x[1]));
   }
+
+  const loadAudit = throttled(async () => {
+    try {
+      const page = await api(`/v1/audit?job_id=${encodeURIComponent(jobId)}&limit=100`, { signal: ctrl.signal });
+      auditRows = page.events;
+      renderTimeline();
+    } catch (e) { if (e.name !== "AbortError") console.warn("audit trail:", e.message); }
+  }, 1000);
 
   const renderLogsSoon = throttled(() => {
     const atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 8;
@@ -158,6 +177,7 @@ export function mountJob(root, jobId) {
   function onState(t) {
     transitions.set(t.seq, t);
     renderTimeline();
+    loadAudit();
     if (t.resume_step !== null && t.resume_step !== undefined) {  // a retry, or a resubmitted driver
       for (const c of charts.values()) c.truncateAfter(t.resume_step);
     }
@@ -202,6 +222,7 @@ export function mountJob(root, jobId) {
       if (dlg.returnValue !== "yes") return;
       try {
         setJob(await api(`/v1/jobs/${encodeURIComponent(jobId)}/cancel`, { method: "POST", signal: ctrl.signal }));
+        loadAudit();
       } catch (e) {
         if (e.name !== "AbortError") { errorBox.hidden = false; errorBox.replaceChildren(`Cancel failed: ${e.message}`); }
       }
@@ -247,6 +268,7 @@ export function mountJob(root, jobId) {
     renderRingSoon();
     renderPasskeySoon();
     renderLogsSoon();
+    loadAudit();
     if (destroyed) return;
     stopEvents = followEvents(jobId, after, {
       metric: onMetric, state: onState, log: onLog,

@@ -23,7 +23,7 @@ export function renderPasskey(values) {
         const v = cell.get(`${len}|${d}`);
         if (v === undefined || v === null) return h("td.none", {}, "—");
         const hue = Math.round(120 * Math.max(0, Math.min(1, v)));
-        return h("td", { style: `background:hsl(${hue} 65% var(--heat-l))`, title: `len ${len}, depth ${d}: ${v}` },
+        return h("td", { style: { background: `hsl(${hue} 65% var(--heat-l))` }, title: `len ${len}, depth ${d}: ${v}` },
           `${Math.round(v * 100)}%`);
       })))));
 }

@@ -30,9 +30,9 @@ export function renderRing(placement, perRank = new Map(), { caption = "" } = {}
   }
   wrap.append(svgs);
   wrap.append(h("div.legend-row", {},
-    nodes.map((n) => h("span", {}, h("span.swatch", { style: `background:${color(n)}` }), shortNode(n),
+    nodes.map((n) => h("span", {}, h("span.swatch", { style: { background: color(n) } }), shortNode(n),
       ` (${placement.filter((p) => p.node_id === n).length} ranks)`)),
-    h("span", {}, h("span.swatch", { style: "background:var(--danger)" }),
+    h("span", {}, h("span.swatch.danger"),
       `${crossingsTotal} node crossing${crossingsTotal === 1 ? "" : "s"}`)));
   // the same information as a table, for screen readers and keyboard users
   const rows = [...placement].sort((a, b) => a.rank - b.rank).map((p) => {

@@ -1,6 +1,10 @@
 // Small DOM and formatting helpers.
 
-/** h("tag.class#id", {attrs}, ...children): create an element. Strings become text nodes (never HTML). */
+/**
+ * h("tag.class#id", {attrs}, ...children): create an element. Strings become text nodes (never HTML).
+ * `style` takes an object of CSS properties, set through the CSSOM: the page's Content-Security-Policy refuses
+ * style="" attributes, so a string there is a programming error.
+ */
 export function h(spec, attrs = {}, ...children) {
   const [tag, ...rest] = spec.split(/(?=[.#])/);
   const el = document.createElement(tag || "div");
@@ -12,9 +16,17 @@ export function h(spec, attrs = {}, ...children) {
     if (v === null || v === undefined || v === false) continue;
     if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
     else if (k === "dataset") Object.assign(el.dataset, v);
+    else if (k === "style") setStyle(el, v);
     else el.setAttribute(k, v === true ? "" : String(v));
   }
   append(el, children);
+  return el;
+}
+
+/** Set CSS properties (`{"background-color": "red", "--x": "1px"}`) through the CSSOM, which CSP allows. */
+export function setStyle(el, props) {
+  if (typeof props !== "object") throw new TypeError("style must be an object of CSS properties (CSP: no style attributes)");
+  for (const [prop, value] of Object.entries(props)) el.style.setProperty(prop, String(value));
   return el;
 }
 
@@ -29,7 +41,10 @@ export function append(el, children) {
 export const SVG_NS = "http://www.w3.org/2000/svg";
 export function s(tag, attrs = {}, ...children) {
   const el = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) el.setAttribute(k, String(v));
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === null || v === undefined) continue;
+    if (k === "style") setStyle(el, v); else el.setAttribute(k, String(v));
+  }
   for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
@@ -47,7 +62,7 @@ export function stateBadge(state) {
 export function progress(step, total) {
   const pct = total > 0 ? Math.min(100, (100 * step) / total) : 0;
   const bar = h("span.bar", { role: "progressbar", "aria-valuemin": 0, "aria-valuemax": total || 0,
-    "aria-valuenow": step, "aria-label": `step ${step} of ${total}` }, h("span", { style: `width:${pct.toFixed(1)}%` }));
+    "aria-valuenow": step, "aria-label": `step ${step} of ${total}` }, h("span", { style: { width: `${pct.toFixed(1)}%` } }));
   return h("div.progress", {}, bar, h("span.txt", {}, `${step} / ${total}`));
 }
 
