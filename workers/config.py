@@ -7,6 +7,7 @@ the API can answer 422 naming it.
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -110,6 +111,11 @@ class TextData(StrictModel):
     seq_len: int = Field(4096, ge=16, le=MAX_SEQ_LEN)
     path: str = Field(..., min_length=1, max_length=4096)
     text_field: str = Field("text", min_length=1, max_length=256, description="field read from .jsonl/.parquet")
+    pack: Literal["windows", "documents"] = Field(
+        "windows",
+        description="windows: the corpus as one token stream cut into seq_len windows; documents: whole documents "
+        "packed into each sequence, positions restarting per document, no attention across documents",
+    )
 
     @field_validator("path", "text_field")
     @classmethod
@@ -128,10 +134,16 @@ class ParallelConfig(StrictModel):
     ring_size: int = Field(1, ge=1, le=MAX_WORLD)
     data_parallel: int = Field(1, ge=1, le=MAX_WORLD)
     layout: Layout = "zigzag"
+    ulysses_size: int = Field(
+        1,
+        ge=1,
+        le=MAX_WORLD,
+        description="Ulysses × ring: ranks of one node that trade sequence for heads by all-to-all around the ring",
+    )
 
     @property
     def world_size(self) -> int:
-        return self.ring_size * self.data_parallel
+        return self.ring_size * self.data_parallel * self.ulysses_size
 
 
 class TrainConfig(StrictModel):
@@ -478,14 +490,18 @@ class JobSpec(StrictModel):
     @model_validator(mode="after")
     def _cross_fields(self) -> JobSpec:
         p = self.parallel
-        need = seq_multiple(p.layout, p.ring_size)
+        need = seq_multiple(p.layout, p.ring_size, p.ulysses_size)
         if self.data.seq_len % need:
             _fail(
                 "data.seq_len",
                 self.data.seq_len,
                 f"data.seq_len ({self.data.seq_len}) must be divisible by {need} for the {p.layout} layout "
-                f"with parallel.ring_size={p.ring_size}",
+                f"with parallel.ring_size={p.ring_size}"
+                + (f" and parallel.ulysses_size={p.ulysses_size}" if p.ulysses_size > 1 else ""),
             )
+        heads_known = self.model.kind == "native" or "hf_config" in self.model.__dict__  # not under SKIP_FILE_CHECKS
+        if heads_known and (why := ulysses_heads_problem(self.model, p.ulysses_size)):
+            _fail("parallel.ulysses_size", p.ulysses_size, why)
         if self.train.batch_size % p.data_parallel:
             _fail(
                 "train.batch_size",
@@ -494,7 +510,7 @@ class JobSpec(StrictModel):
                 f"parallel.data_parallel ({p.data_parallel})",
             )
         if p.world_size > MAX_WORLD:
-            _fail("parallel.ring_size", p.ring_size, f"ring_size × data_parallel must be ≤ {MAX_WORLD}")
+            _fail("parallel.ring_size", p.ring_size, f"ring_size × data_parallel × ulysses_size must be ≤ {MAX_WORLD}")
         if self.train.warmup_steps > self.train.steps:
             _fail("train.warmup_steps", self.train.warmup_steps, "train.warmup_steps must be ≤ train.steps")
         if self.model.kind == "native" and self.model.vocab_size < 256 and self.data.kind in ("passkey", "text"):
@@ -526,9 +542,25 @@ class JobSpec(StrictModel):
         return list(self.eval.context_lengths or [self.data.seq_len])
 
 
-def seq_multiple(layout: str, ring_size: int) -> int:
-    """The global sequence length must be a multiple of this for `layout` on a ring of `ring_size`."""
-    return 2 * ring_size if layout == "zigzag" else ring_size
+def seq_multiple(layout: str, ring_size: int, ulysses_size: int = 1) -> int:
+    """The global sequence length must be a multiple of this for `layout` on a ring of `ring_size` (zigzag cuts
+    2 · ring_size chunks) whose shards split again into `ulysses_size` equal pieces."""
+    return ring_size * math.lcm(2 if layout == "zigzag" else 1, ulysses_size)
+
+
+def ulysses_heads_problem(model: ModelConfig | HFModelConfig, ulysses_size: int) -> str | None:
+    """Why these heads cannot be split over a Ulysses group (`workers.attention.ulysses`' GQA rule), or None."""
+    h, kv, u = model.n_heads, model.kv_heads, ulysses_size
+    if u == 1:
+        return None
+    if h % u:
+        return f"model.n_heads ({h}) must be divisible by parallel.ulysses_size ({u})"
+    if kv % u and u % kv:
+        return (
+            f"model.n_kv_heads ({kv}) and parallel.ulysses_size ({u}) must divide one another: each Ulysses rank "
+            "holds kv_heads/ulysses_size K/V heads, or one repeated head when ulysses_size > kv_heads"
+        )
+    return None
 
 
 def _fail(path: str, value: Any, message: str) -> None:

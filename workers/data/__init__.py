@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from workers.config import JobSpec
 from workers.data.batch import Batch, from_windows, take_shard
+from workers.data.pack import PackedTextSource
 from workers.data.passkey import PasskeySample, PasskeySource, make_sample, sample_generator
 from workers.data.text import TextSource, load_corpus
 from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer, tokenizer_for
 
-DataSource = PasskeySource | TextSource
+DataSource = PasskeySource | TextSource | PackedTextSource
 
 
 def build_source(spec: JobSpec) -> DataSource:
@@ -20,6 +21,8 @@ def build_source(spec: JobSpec) -> DataSource:
     if d.kind == "passkey":
         stages = [(s.steps, s.seq_len) for s in d.curriculum]
         return PasskeySource(d.seq_len, d.key_digits, d.depth, d.answer_weight, seed, tokenizer_for(spec), stages)
+    if d.pack == "documents":
+        return PackedTextSource(d.path, d.seq_len, seed, d.text_field, tokenizer_for(spec))
     return TextSource(d.path, d.seq_len, seed, d.text_field, tokenizer_for(spec))
 
 
@@ -28,6 +31,7 @@ __all__ = [
     "Batch",
     "ByteTokenizer",
     "DataSource",
+    "PackedTextSource",
     "PasskeySample",
     "PasskeySource",
     "TextSource",

@@ -24,7 +24,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from workers import attention
 from workers.config import pretrained_config
 from workers.models.llama import SequenceParallel
 
@@ -38,6 +37,7 @@ class _RingState:
 
     sp: SequenceParallel | None = None
     seq_len: int = 0  # global sequence length of the current forward
+    cu_seqlens: torch.Tensor | None = None  # packed documents of the current forward
 
 
 def _ring_attention_forward(
@@ -59,14 +59,12 @@ def _ring_attention_forward(
     window = kwargs.get("sliding_window")
     if window is not None and window < state.seq_len:
         raise ValueError(f"sliding_window {window} < sequence length {state.seq_len}: ring attention is full causal")
-    if state.sp is None:  # the whole sequence is local and in order
+    if state.sp is None and state.cu_seqlens is None:  # the whole sequence is local and in order
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
         return out.transpose(1, 2), None
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    out = attention.ring_attention(
-        q, k, v, causal=True, layout=state.sp.layout, group=state.sp.group, softmax_scale=scaling
-    )
-    return out, None
+    sp = state.sp or SequenceParallel(None)
+    return sp.attend(q, k, v, softmax_scale=scaling, cu_seqlens=state.cu_seqlens), None
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -119,16 +117,16 @@ class PretrainedLM(nn.Module):
         self.state.sp = sp
 
     def _ring_world(self) -> int:
-        sp = self.state.sp
-        if sp is None or not (dist.is_available() and dist.is_initialized()):
-            return 1
-        return dist.get_world_size(sp.group)
+        return 1 if self.state.sp is None else self.state.sp.world
 
     def _global_last_position(self, positions: torch.Tensor) -> int:
-        """max(position) over the whole ring: what transformers' RoPE sees on the unsharded sequence."""
+        """max(position) over the whole sequence (ring × Ulysses): what transformers' RoPE sees unsharded."""
         last = positions.max().detach().to(torch.int64).reshape(1)  # on the tokens' device: the backend's
-        if self._ring_world() > 1:
-            dist.all_reduce(last, op=dist.ReduceOp.MAX, group=self.state.sp.group)  # type: ignore[union-attr]
+        sp = self.state.sp
+        if sp is not None and sp.world > 1:
+            for group in (sp.group, sp.ulysses_group):
+                if group is not None:
+                    dist.all_reduce(last, op=dist.ReduceOp.MAX, group=group)
         return int(last.item())
 
     def _append_global_last(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -147,24 +145,31 @@ class PretrainedLM(nn.Module):
         cos, sin = output
         return cos[:, :-1], sin[:, :-1]
 
-    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> dict[str, Any]:
+    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None) -> dict[str, Any]:
         b, s = tokens.shape
         positions = positions.to(tokens.device)
         self.state.seq_len = s * self._ring_world()
+        self.state.cu_seqlens = cu_seqlens
         self._rope_last = self._global_last_position(positions) if self._length_dependent_rope else None
-        return {"input_ids": tokens, "position_ids": positions.unsqueeze(0).expand(b, -1), "use_cache": False}
+        position_ids = positions if positions.dim() == 2 else positions.unsqueeze(0).expand(b, -1)
+        return {"input_ids": tokens, "position_ids": position_ids, "use_cache": False}
 
     @property
     def output_weight(self) -> torch.Tensor:
         """The LM head [vocab, hidden] (none of the families has a head bias): `forward` = features @ weightᵀ."""
         return self.hf.get_output_embeddings().weight
 
-    def features(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [batch, seq_local, hidden]: what a chunked loss projects chunk by chunk."""
-        return self.hf.model(**self._inputs(tokens, positions)).last_hidden_state
+    def features(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Final hidden states [batch, seq_local, hidden]: what a chunked loss projects chunk by chunk.
+        `positions` may be per row ([batch, seq_local]) for packed documents, with their `cu_seqlens`."""
+        return self.hf.model(**self._inputs(tokens, positions, cu_seqlens)).last_hidden_state
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.hf(**self._inputs(tokens, positions)).logits.float()
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return self.hf(**self._inputs(tokens, positions, cu_seqlens)).logits.float()
 
 
 def load_pretrained(

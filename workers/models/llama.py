@@ -23,10 +23,53 @@ from workers.config import ModelConfig
 
 @dataclass(frozen=True)
 class SequenceParallel:
-    """The ring a model's attention runs on. `group=None` with torch.distributed off is a ring of one."""
+    """Where a model's attention runs: the ring (`group`; None with torch.distributed off is a ring of one) and,
+    for Ulysses × ring, the Ulysses group whose all-to-all trades sequence for heads around it."""
 
     group: dist.ProcessGroup | None
     layout: str = "zigzag"
+    ulysses_group: dist.ProcessGroup | None = None
+
+    @property
+    def world(self) -> int:
+        """Ranks one sequence is spread over (ring × Ulysses)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return 1
+        ring = dist.get_world_size(self.group) if self.group is not None else 1
+        return ring * (dist.get_world_size(self.ulysses_group) if self.ulysses_group is not None else 1)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        softmax_scale: float | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Causal attention of this rank's shard, [batch, seq_local, heads, head_dim] in and out."""
+        if self.ulysses_group is not None and dist.get_world_size(self.ulysses_group) > 1:
+            return attention.usp_attention(
+                q,
+                k,
+                v,
+                causal=True,
+                layout=self.layout,
+                ulysses_group=self.ulysses_group,
+                ring_group=self.group,
+                softmax_scale=softmax_scale,
+                cu_seqlens=cu_seqlens,
+            )
+        return attention.ring_attention(
+            q,
+            k,
+            v,
+            causal=True,
+            layout=self.layout,
+            group=self.group,
+            softmax_scale=softmax_scale,
+            cu_seqlens=cu_seqlens,
+        )
 
 
 class RMSNorm(nn.Module):
@@ -41,9 +84,10 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [seq, head_dim/2] (fp32) for the given *global* position ids."""
+    """cos, sin [seq, head_dim/2] (or [batch, seq, head_dim/2] for per-row positions, as packed documents have),
+    fp32, for the given *global* position ids."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    angles = positions.to(torch.float32)[..., None] * inv_freq
     return angles.cos(), angles.sin()
 
 
@@ -51,7 +95,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate-half RoPE on [batch, seq, heads, head_dim]."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = (cos[None, :, None, :], sin[None, :, None, :]) if cos.dim() == 2 else (cos[:, :, None], sin[:, :, None])
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).to(x.dtype)
 
 
@@ -67,18 +111,23 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sp: SequenceParallel | None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        sp: SequenceParallel | None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
         q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.wk(x).view(b, s, self.kv_heads, self.head_dim), cos, sin)
         v = self.wv(x).view(b, s, self.kv_heads, self.head_dim)
-        if sp is None:  # no sequence parallelism: the whole sequence is local
+        if sp is None and cu_seqlens is None:  # no sequence parallelism: the whole sequence is local
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
             ).transpose(1, 2)
         else:
-            out = attention.ring_attention(q, k, v, causal=True, layout=sp.layout, group=sp.group)
+            out = (sp or SequenceParallel(None)).attend(q, k, v, cu_seqlens=cu_seqlens)
         return self.wo(out.reshape(b, s, self.n_heads * self.head_dim))
 
 
@@ -102,9 +151,14 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sp: SequenceParallel | None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        sp: SequenceParallel | None,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, sp)
+        x = x + self.attn(self.attn_norm(x), cos, sin, sp, cu_seqlens)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -149,22 +203,26 @@ class Transformer(nn.Module):
         """The output head [vocab, d_model] (the embedding when tied): `forward` = features @ output_weightᵀ."""
         return self.tok_emb.weight if self.head is None else self.head.weight
 
-    def _features(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def features(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Final hidden states [batch, seq_local, d_model]: what a chunked loss projects chunk by chunk.
+
+        `positions`: [seq_local], or [batch, seq_local] for packed documents, whose boundaries `cu_seqlens` gives
+        (`workers.attention.ring_attention`'s convention)."""
         cos, sin = rope_tables(positions.to(tokens.device), self.cfg.head_dim, self.cfg.rope_theta)
         x = self.tok_emb(tokens)
         for layer in self.layers:
             if self.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, self.sp, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, self.sp, cu_seqlens, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, self.sp)
+                x = layer(x, cos, sin, self.sp, cu_seqlens)
         return self.norm(x)
 
-    def features(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [batch, seq_local, d_model]: what a chunked loss projects chunk by chunk."""
-        return self._features(tokens, positions)
-
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._features(tokens, positions), self.output_weight).float()
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return F.linear(self.features(tokens, positions, cu_seqlens=cu_seqlens), self.output_weight).float()
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

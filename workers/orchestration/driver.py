@@ -168,7 +168,7 @@ class JobDriver:
         return 1
 
     def _report_running(self, g: RankGroup) -> None:
-        ring = self.spec.parallel.ring_size
+        ring = self.spec.parallel.ring_size * self.spec.parallel.ulysses_size  # one replica's sequence group
         meta: Metadata = {
             "attention_backend": g.attention_backend,
             "dist_backend": g.backend,

@@ -182,7 +182,10 @@ def reserve(
         infos: list[RankInfo] = ray_get([a.info.remote() for a in group.actors], actor_start_timeout_s, cancelled)
         group.locations = [WorkerLocation(i.node_id, i.node_ip, i.gpu_ids) for i in infos]
         group.pids = [i.pid for i in infos]
-        group.assignments = order_ranks(group.locations, spec.parallel.ring_size, spec.parallel.data_parallel)
+        # One replica's sequence group (ring × Ulysses) is a contiguous block of ranks, Ulysses innermost
+        # (`workers.training.mesh`): keep each block on as few nodes as possible.
+        seq_group = spec.parallel.ring_size * spec.parallel.ulysses_size
+        group.assignments = order_ranks(group.locations, seq_group, spec.parallel.data_parallel)
         group.backend = dist_backend(group.locations)
         return group
     except BaseException:

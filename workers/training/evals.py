@@ -78,7 +78,12 @@ def passkey_accuracy(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.
                     torch.stack([s.tokens for s in samples]), torch.stack([s.answer_mask() for s in samples])
                 )
                 local = take_shard(
-                    batch, dp_index=0, dp_size=1, layout=spec.parallel.layout, ring_group=mesh.ring_group
+                    batch,
+                    dp_index=0,
+                    dp_size=1,
+                    layout=spec.parallel.layout,
+                    ring_group=mesh.ring_group,
+                    ulysses_group=mesh.ulysses_group if mesh.ulysses_size > 1 else None,
                 ).to(device)
                 with _autocast(device):
                     logits = model(local.inputs, local.positions)

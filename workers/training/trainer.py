@@ -92,14 +92,16 @@ class Trainer:
         self.mesh = build_mesh(
             spec.parallel.ring_size,
             spec.parallel.data_parallel,
-            getattr(spec.parallel, "ulysses_size", 1),
+            spec.parallel.ulysses_size,
             self.device.type,
         )
         torch.manual_seed(spec.train.seed)
         self.model = skeleton(spec)
         parallelize(self.model, self.mesh, self.device, activation_checkpointing=spec.train.activation_checkpointing)
         materialize(self.model, spec, self.device)
-        self.model.set_sequence_parallel(SequenceParallel(self.mesh.ring_group, spec.parallel.layout))
+        self.model.set_sequence_parallel(
+            SequenceParallel(self.mesh.ring_group, spec.parallel.layout, self._ulysses_group())
+        )
         self.model.train()
         self.params = list(self.model.parameters())
         self.optimizer = build_optimizer(self.model, spec.train)
@@ -162,6 +164,9 @@ class Trainer:
                 self.point(name, value)
 
     # -- one step ------------------------------------------------------------------------------------------------
+    def _ulysses_group(self) -> dist.ProcessGroup | None:
+        return self.mesh.ulysses_group if self.mesh.ulysses_size > 1 else None
+
     def local_batch(self) -> Batch:
         batch = self.data.global_batch(self.step, self.spec.train.batch_size)
         return take_shard(
@@ -170,6 +175,7 @@ class Trainer:
             dp_size=self.mesh.data_parallel,
             layout=self.spec.parallel.layout,
             ring_group=self.mesh.ring_group,
+            ulysses_group=self._ulysses_group(),
         ).to(self.device)
 
     def forward_backward(self, local: Batch) -> torch.Tensor:
@@ -178,7 +184,9 @@ class Trainer:
         The head runs inside the chunked loss: after `features` the root's parameters (the head among
         them) are still gathered, and FSDP reduces their gradients at the end of backward."""
         with _autocast(self.device):
-            hidden = self.model.features(local.inputs, local.positions)
+            # packed documents: RoPE positions restart per document, attention stays inside each one
+            positions = local.positions if local.doc_positions is None else local.doc_positions
+            hidden = self.model.features(local.inputs, positions, cu_seqlens=local.cu_seqlens)
         loss_sum = linear_cross_entropy_sum(hidden, self.model.output_weight, local.labels, local.weights)
         loss_sum.backward()
         return loss_sum.detach().float()
