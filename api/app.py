@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,7 +17,7 @@ from api.audit import AuditMiddleware
 from api.body import YAML_TYPES, BodyLimitMiddleware
 from api.deps import AppContext
 from api.ratelimit import Limit, RateLimiter
-from api.routers import audit, cluster, dashboard, events, health, jobs, reports
+from api.routers import artifacts, audit, cluster, dashboard, events, health, jobs, reports
 from api.security import SecurityHeadersMiddleware
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
@@ -25,6 +26,7 @@ from service.hub import Hub
 from service.launcher import ClusterInfo, DriverInfo, Launcher, LaunchRequest
 from service.settings import Settings, ensure_tokens
 from service.store import Store
+from service.tracking import exporter_for
 from workers.config import JobSpec
 
 log = logging.getLogger("ringtrain.api")
@@ -67,6 +69,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     migrate(engine)
     hub = Hub()
     store = Store(engine, on_events=hub.publish)
+    exporter = exporter_for(settings, store)
     launcher = launcher or default_launcher(settings)
     controller = Controller(settings, store, launcher)
     telemetry = Telemetry(store)
@@ -84,11 +87,15 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         controller.start()
+        if exporter is not None:
+            exporter.start()
         log.info("control plane up; drivers report to %s", settings.control_url)
         try:
             yield
         finally:
             await controller.stop()
+            if exporter is not None:
+                await asyncio.to_thread(exporter.stop)
             engine.dispose()
 
     app = RingtrainApp(
@@ -102,6 +109,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     for r in (jobs.router, events.router, reports.router, cluster.router, dashboard.router, health.router):
         app.include_router(r)
     app.include_router(audit.router)
+    app.include_router(artifacts.router)
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_report_bytes=settings.max_report_bytes

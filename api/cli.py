@@ -1,4 +1,4 @@
-"""The `ringtrain` command line: serve, demo, submit, list, status, cancel, logs, plan.
+"""The `ringtrain` command line: serve, demo, submit, list, status, cancel, logs, plan, pull.
 
 Human output by default, `--json` for scripts. The server is `--url` / `RINGTRAIN_URL`
 (default http://127.0.0.1:8000); the token is `--token` / `RINGTRAIN_TOKEN` / `~/.ringtrain/token`.
@@ -341,6 +341,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0 if p.valid else 1
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Download a job's exported model with a progress bar; every file is checked against its SHA-256."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from api.pull import ChecksumMismatch
+
+    with _client(args) as c:
+        listing = c.artifacts(args.id)
+        con = _console()
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=con,
+            disable=args.json,
+        ) as bar:
+            tasks = {f.name: bar.add_task(f.name, total=f.size) for f in listing.files}
+            try:
+                paths = c.pull(args.id, args.dir, lambda name, done, _: bar.update(tasks[name], completed=done))
+            except ChecksumMismatch as e:
+                con.print(f"[red]error:[/red] {e}")
+                return 1
+        dest = Path(args.dir).expanduser()
+        _out(
+            args,
+            [str(p) for p in paths],
+            lambda: con.print(
+                f"[green]{len(paths)} files ({listing.total_bytes:,} bytes) verified in {dest}[/green]\n"
+                f'AutoModelForCausalLM.from_pretrained("{dest}")'
+            ),
+        )
+    return 0
+
+
 # ---- entry point ----------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -379,6 +414,10 @@ def parser() -> argparse.ArgumentParser:
         if name == "logs":
             s.add_argument("--no-driver", action="store_true", help="skip Ray's driver log")
         s.set_defaults(fn=fn)
+    s = sub.add_parser("pull", parents=[common], help="download a job's exported model, checksums verified")
+    s.add_argument("id")
+    s.add_argument("dir")
+    s.set_defaults(fn=cmd_pull)
     s = sub.add_parser("plan", parents=[common], help="dry-run a spec: validity, placement, memory")
     s.add_argument("spec")
     s.set_defaults(fn=cmd_plan)

@@ -18,10 +18,10 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from httpx_sse import ServerSentEvent, connect_sse
@@ -32,6 +32,9 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from api.schemas import ClusterOut, JobList, JobOut, LogPage, MetricOut, MetricPage, PlanOut
 from service.settings import DEFAULT_TOKEN_FILE, read_token_file
 from workers.config import JobSpec
+
+if TYPE_CHECKING:
+    from api.routers.artifacts import ArtifactList
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -175,6 +178,20 @@ class Client:
         return LogPage.model_validate(
             self._get(f"/v1/jobs/{job_id}/logs", after=after, limit=limit, driver=str(driver).lower())
         )
+
+    def artifacts(self, job_id: str) -> ArtifactList:
+        """The job's exported model files (name, size, SHA-256); ApiError 404 until the job has exported one."""
+        from api.routers.artifacts import ArtifactList
+
+        return ArtifactList.model_validate(self._get(f"/v1/jobs/{job_id}/artifacts"))
+
+    def pull(
+        self, job_id: str, dest: str | Path, progress: Callable[[str, int, int], None] | None = None
+    ) -> list[Path]:
+        """Download the exported model into `dest`, every file checked against its SHA-256 (`api.pull`)."""
+        from api.pull import pull
+
+        return pull(self.http, self.artifacts(job_id), dest, self._check, progress)
 
     def cluster(self) -> ClusterOut:
         return ClusterOut.model_validate(self._get("/v1/cluster"))

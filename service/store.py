@@ -381,6 +381,14 @@ class Store:
             return job
 
     # ---- reports from the driver ----------------------------------------------------------------
+    def add_log(self, job_id: str, source: str, line: str) -> None:
+        """A control-plane note in the job's log (e.g. a tracking export that fails), like a driver's line."""
+        with self._write() as (s, out):
+            job = self._lock_job(s, job_id)
+            r = LogLine(job_id=job_id, seq=self._next_seq(job), time=time.time(), source=source, line=line)
+            s.add(r)
+            out.append((job_id, [log_event(r)]))
+
     def apply_report(self, job_id: str, items: Sequence[ReportItem]) -> ReportResult:
         """Apply the items with seq > the stored high-water mark, in order, in one transaction.
 
