@@ -111,3 +111,19 @@ def test_meta_init_gives_the_unsharded_model_on_any_world(tmp_path):
     for world in (2, 3):
         for rank_result in run_distributed(_materialised, world, str(hf_dir)):
             assert rank_result == {"native": 0.0, "hf": 0.0}, (world, rank_result)
+
+
+def test_planner_memory_follows_the_sharded_arithmetic():
+    from service.planner import LOSS_CHUNK_TOKENS, memory_estimate
+    from workers.training.loss import DEFAULT_CHUNK_TOKENS
+
+    assert LOSS_CHUNK_TOKENS == DEFAULT_CHUNK_TOKENS
+    big = {"d_model": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2}
+    one, four = (
+        memory_estimate(tiny_spec(model=big, data={"seq_len": 8192}, parallel={"ring_size": w})) for w in (1, 4)
+    )
+    state = ("params", "grads", "adamw")
+    assert sum(one["bytes"][k] for k in state) == 16 * one["param_count"]
+    assert sum(four["bytes"][k] for k in state) == 16 * one["param_count"] // 4
+    assert four["bytes"]["activations"] * 4 == one["bytes"]["activations"]  # a quarter of the tokens
+    assert four["total_bytes"] < one["total_bytes"] / 2
