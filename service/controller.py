@@ -307,7 +307,8 @@ class Controller:
                 if info.status == DriverStatus.FAILED:  # crashed or killed: its checkpoints are still there
                     if await self._resubmit(job.id, job.submission_id, reason):
                         continue
-                    reason += f"; no restarts left (max_restarts {JobSpec.model_validate(job.spec).max_restarts})"
+                    max_restarts = int((job.spec or {}).get("max_restarts", 0))  # no re-validation: files may be gone
+                    reason += f"; no restarts left (max_restarts {max_restarts})"
                 await self._end(job.id, JobState.FAILED, reason)
 
     async def _resubmit(self, job_id: str, submission_id: str, reason: str, *, counts: bool = True) -> bool:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.launcher import ClusterInfo, NodeInfo
-from workers.config import JobSpec
+from workers.config import JobSpec, rope_coverage_warning, ulysses_heads_problem
 
 
 @dataclass
@@ -53,12 +53,13 @@ class Plan:
     nodes_used: int = 0
     memory: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    suggested_parallel: dict[str, int] | None = None  # Ulysses × ring for this cluster's GPUs per node
 
 
 def param_count(spec: JobSpec) -> int:
     m = spec.model
-    d, kvd, f = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden
-    per_layer = 2 * d * d + 2 * d * kvd + 3 * d * f + 2 * d
+    d, qd, kvd, f = m.d_model, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.ffn_hidden
+    per_layer = 2 * d * qd + 2 * d * kvd + 3 * d * f + 2 * d  # q/o, k/v (head_dim may differ from d/heads), MLP
     emb = m.vocab_size * d * (1 if m.tie_embeddings else 2)
     return m.n_layers * per_layer + emb + d
 
@@ -119,12 +120,29 @@ def _capacity(n: NodeInfo, bundle: dict[str, float], free: bool) -> int:
     return max(k, 0)
 
 
+def suggest_split(spec: JobSpec, nodes: list[NodeInfo]) -> dict[str, int] | None:
+    """Ulysses × ring for one replica's ring_size × ulysses_size ranks: the largest Ulysses group that fits inside
+    a node (its all-to-all is latency-bound), divides the sequence group and suits the heads; the ring covers the
+    rest across nodes. None when the model's heads are unknown."""
+    m, p = spec.model, spec.parallel
+    if m.kind != "native" and "hf_config" not in m.__dict__:
+        return None
+    group = p.ring_size * p.ulysses_size
+    per_node = max((int(n.gpus_total) for n in nodes), default=0)
+    best = 1
+    for u in range(1, group + 1):
+        if group % u == 0 and u <= per_node and ulysses_heads_problem(m, u) is None:
+            best = u
+    return {"ulysses_size": best, "ring_size": group // best}
+
+
 def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
     acc = _accelerator(spec, cluster)
     bundle: dict[str, float] = {"CPU": spec.resources.cpus_per_worker}
     if acc == "gpu":
         bundle["GPU"] = 1.0
-    W, R = spec.world_size, spec.parallel.ring_size
+    W, U = spec.world_size, spec.parallel.ulysses_size
+    R = spec.parallel.ring_size * U  # one replica's sequence group: contiguous ranks, Ulysses innermost
     nodes = [n for n in cluster.nodes if n.alive]
     out = Plan(
         fits=False, accelerator=acc, strategy="STRICT_PACK", world_size=W, bundle=bundle, memory=memory_estimate(spec)
@@ -132,12 +150,15 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
     total = sum(_capacity(n, bundle, free=False) for n in nodes)
     free = sum(_capacity(n, bundle, free=True) for n in nodes)
     need = "GPUs" if acc == "gpu" else f"bundles of {bundle['CPU']:g} CPU"
+    if warning := rope_coverage_warning(spec):
+        out.warnings.append(warning)
     if not nodes:
         out.warnings.append("the cluster reports no alive nodes; placement cannot be previewed")
         return out
     if total < W:
         out.warnings.append(
-            f"the job needs {W} {need} (ring_size {R} × data_parallel {spec.parallel.data_parallel})"
+            f"the job needs {W} {need} (ring_size {spec.parallel.ring_size} × ulysses_size {U} × data_parallel "
+            f"{spec.parallel.data_parallel})"
             f" but the whole cluster has {total}: it can never be placed"
         )
         return out
@@ -167,6 +188,13 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
         members = out.placement[ring * R : (ring + 1) * R]
         if R > 1:
             out.node_crossings += sum(members[i].node_id != members[(i + 1) % R].node_id for i in range(R))
+    if acc == "gpu" and (split := suggest_split(spec, nodes)) is not None:
+        out.suggested_parallel = split
+        if split != {"ulysses_size": U, "ring_size": spec.parallel.ring_size}:
+            out.warnings.append(
+                f"suggested for this cluster: ulysses_size {split['ulysses_size']} × ring_size {split['ring_size']} "
+                "(the all-to-all inside a node, the ring across nodes)"
+            )
     if acc == "cpu" and spec.resources.accelerator == "auto" and W > 1:
         out.warnings.append("no GPUs in the cluster: ranks run on CPU with gloo (fine for demos, slow to train)")
     mem = out.memory["total_bytes"]
