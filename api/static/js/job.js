@@ -3,6 +3,7 @@
 // Initial load: GET /v1/jobs/{id}/series (downsampled on the server, consistent as of last_seq); then the
 // job's SSE stream from last_seq appends points. Without the /series route it replays the stream from 0.
 import { api, ApiError, followEvents } from "./api.js";
+import { mountArtifacts } from "./artifacts.js";
 import { LiveChart, timings } from "./charts.js";
 import { renderPasskey, PASSKEY_RE } from "./passkey.js";
 import { renderRing } from "./ring.js";
@@ -39,6 +40,7 @@ export function mountJob(root, jobId) {
   const timeline = h("ol.timeline#timeline");
   const logBox = h("pre.logs#logs", { tabindex: 0, "aria-label": "log tail" });
   const live = h("span.live", { "aria-live": "polite" }, "connecting…");
+  const modelBox = h("div#artifacts");
   root.append(
     h("nav", { "aria-label": "Breadcrumb" }, h("a", { href: "#/jobs" }, "← Jobs")),
     head, errorBox,
@@ -52,10 +54,12 @@ export function mountJob(root, jobId) {
         h("section.panel", { "aria-labelledby": "passkey-h" },
           h("h2#passkey-h", {}, "Passkey retrieval (needle in a haystack)"), passkeyBox),
         h("section.panel", { "aria-labelledby": "timeline-h" }, h("h2#timeline-h", {}, "State timeline"), timeline))),
+    h("section.panel", { "aria-labelledby": "model-h" }, h("h2#model-h", {}, "Model"), modelBox),
     h("section.panel", { "aria-labelledby": "logs-h" },
       h("div.toolbar", {}, h("h2#logs-h", {}, "Logs"), h("span.muted", {}, `last ${LOG_TAIL} lines`)),
       logBox));
   const charts = new Map(CHARTS.map((c) => [c.id, new LiveChart(chartsGrid, c)]));
+  const model = mountArtifacts(modelBox, jobId, ctrl.signal);
 
   function later(fn, ms) {
     const t = setTimeout(() => { timers.delete(t); fn(); }, ms);
@@ -201,6 +205,7 @@ export function mountJob(root, jobId) {
   let queueTimer = null;
   function setJob(j) {
     const placementChanged = JSON.stringify(j.placement) !== JSON.stringify(job?.placement);
+    if (!job || TERMINAL.has(j.state)) model.refresh(j);  // the model appears when the job succeeds
     job = j;
     for (const t of j.transitions || []) if (!transitions.has(t.seq)) transitions.set(t.seq, t);
     renderHead();
