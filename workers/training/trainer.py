@@ -62,6 +62,7 @@ class StepStats:
     seconds: float
     stop_requested: bool
     state_bytes: int  # parameters + gradients + optimizer state held by this rank, at the optimizer step
+    tokens: int  # global tokens of the step (a curriculum's shorter contexts count as what they are)
 
 
 def default_device() -> torch.device:
@@ -216,14 +217,15 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.step += 1
         self.last_loss = float(stats[0] / total_weight)
-        return StepStats(self.last_loss, lr, grad_norm, time.perf_counter() - t0, bool(stats[2] > 0), held)
+        tokens = local.inputs.numel() * self.mesh.world  # every rank holds an equal share of the global batch
+        return StepStats(self.last_loss, lr, grad_norm, time.perf_counter() - t0, bool(stats[2] > 0), held, tokens)
 
     def report(self, s: StepStats) -> None:
         if self.mesh.rank == 0:
             self.point("loss", s.loss)
             self.point("lr", s.lr)
             self.point("grad_norm", s.grad_norm)
-            self.point("tokens_per_s", self.spec.train.batch_size * self.spec.data.seq_len / s.seconds)
+            self.point("tokens_per_s", s.tokens / s.seconds)
             self.point("step_time_s", s.seconds)
         self.point("mem_peak_bytes", self.memory.peak(), rank=self.mesh.rank)
         self.point("state_bytes", s.state_bytes, rank=self.mesh.rank)
