@@ -705,7 +705,24 @@ def test_store_outage_answers_503_and_a_real_job_delivers_every_point_once(
 
 
 # -- 7. placement that cannot be satisfied ---------------------------------------------------------------------------
-def test_unplaceable_job_fails_after_the_configured_wait(
+class StaleView:
+    """The Ray launcher, but its cluster view shows every node idle: what the control plane believed just before
+    something else took the capacity (the cluster shrank after admission)."""
+
+    def __init__(self, inner: RayJobLauncher) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def cluster(self) -> Any:
+        from dataclasses import replace
+
+        c = self.inner.cluster()
+        return replace(c, nodes=[replace(n, cpus_free=n.cpus_total, gpus_free=n.gpus_total) for n in c.nodes])
+
+
+def test_unplaceable_job_waits_queued_holding_nothing_and_fails_only_if_the_cluster_shrinks_after_admission(
     tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
 ) -> None:
     from ray.job_submission import JobSubmissionClient
@@ -714,13 +731,30 @@ def test_unplaceable_job_fails_after_the_configured_wait(
     hog = ray_jobs.submit_job(entrypoint="sleep 300", entrypoint_num_cpus=ray_head.num_cpus - 1)  # 1 CPU stays free
     try:
         wait_for(lambda: ray_jobs.get_job_status(hog).value == "RUNNING", timeout=60, interval=0.3)
+        # Ray's usage figure follows a new job by a second or two: admission sees what Ray reports
+        wait_for(lambda: sum(n.cpus_free for n in launcher.cluster().nodes) <= 1, timeout=60, interval=0.3)
         with control_plane(tmp_path, launcher, placement_timeout_s=4.0) as srv, http(srv.url) as c:
             # a ring larger than the whole cluster is refused before anything is stored or reserved
             r = c.post("/v1/jobs", json=spec(5, parallel={"ring_size": 16}, data={"kind": "passkey", "seq_len": 256}))
             assert r.status_code == 422 and r.json()["error"]["field"] == "parallel.ring_size", r.text
+            assert f"the whole cluster has {ray_head.num_cpus}" in r.json()["error"]["message"], r.text
             assert c.get("/v1/jobs").json()["total"] == 0
-            # a ring that fits the cluster but not what is free: PLACING with the reason, FAILED after 4 s
-            jid = c.post("/v1/jobs", json=spec(5, name="no-room")).json()["id"]
+            # a ring that fits the cluster but not what is free: QUEUED with its position and why, no driver, no
+            # placement group, never failed for waiting (longer than the placement timeout); it runs once the CPUs free
+            jid = c.post("/v1/jobs", json=spec(5, name="no-room", every=0)).json()["id"]
+            job = wait_job(c, jid, lambda j: j["queue_position"] == 1, 30, "a queue position")
+            assert "waiting for capacity: needs 2 × (1 CPU), room for 1 now" in job["queue_reason"], job
+            time.sleep(6)
+            job = get_job(c, jid)
+            assert job["state"] == "QUEUED" and job["submission_id"] is None and not job_pgs(ray_head, f"rt-{jid}-")
+            ray_jobs.stop_job(hog)
+            job = finished(c, jid)
+            assert job["state"] == "SUCCEEDED" and states(job) == ["QUEUED", "PLACING", "RUNNING", "SUCCEEDED"], job
+        # admitted on a view that was already stale: the driver's placement timeout fails it, saying why
+        hog = ray_jobs.submit_job(entrypoint="sleep 300", entrypoint_num_cpus=ray_head.num_cpus - 1)
+        wait_for(lambda: ray_jobs.get_job_status(hog).value == "RUNNING", timeout=60, interval=0.3)
+        with control_plane(tmp_path / "stale", StaleView(launcher), placement_timeout_s=4.0) as srv, http(srv.url) as c:
+            jid = c.post("/v1/jobs", json=spec(5, name="shrunk")).json()["id"]
             wait_job(c, jid, lambda j: j["state"] == "PLACING", 60, "PLACING")
             job = finished(c, jid, timeout=60)
             assert job["state"] == "FAILED"
