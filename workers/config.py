@@ -378,9 +378,12 @@ def check_pretrained_dir(path: str) -> None:
     from pathlib import Path
 
     d = Path(path)
-    if not d.is_dir():
+    try:
+        names = {p.name for p in d.iterdir()} if d.is_dir() else None
+    except OSError as e:  # a name too long, no permission, ...: a bad path, not a server error
+        raise ValueError(f"model directory {path[:200]} cannot be read: {e.strerror or e}") from None
+    if names is None:
         raise ValueError(f"model directory {path} does not exist")
-    names = {p.name for p in d.iterdir()}
     if not any(n.endswith((".safetensors", ".bin")) or n.endswith(".safetensors.index.json") for n in names):
         raise ValueError(f"{path} holds no weights (*.safetensors or *.bin)")
     if not names & {"tokenizer.json", "tokenizer.model", "vocab.json"}:
@@ -461,7 +464,9 @@ class JobSpec(StrictModel):
                 _fail("kind", kind, f"model.kind must be 'native' or 'hf', got {kind!r}")
             model_cls = HFModelConfig if kind == "hf" else ModelConfig
             return model_cls.model_validate(v, context=info.context)
-        return handler(v)
+        if isinstance(v, ModelConfig | HFModelConfig):
+            return v
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary (the model section)")
 
     @model_validator(mode="after")
     def _pretrained_fits(self) -> JobSpec:
