@@ -56,12 +56,17 @@ class Plan:
     suggested_parallel: dict[str, int] | None = None  # Ulysses × ring for this cluster's GPUs per node
 
 
-def param_count(spec: JobSpec) -> int:
+def block_param_count(spec: JobSpec) -> int:
+    """Parameters of one transformer block: q/o, k/v (head_dim may differ from d_model/n_heads), MLP, norms."""
     m = spec.model
     d, qd, kvd, f = m.d_model, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.ffn_hidden
-    per_layer = 2 * d * qd + 2 * d * kvd + 3 * d * f + 2 * d  # q/o, k/v (head_dim may differ from d/heads), MLP
-    emb = m.vocab_size * d * (1 if m.tie_embeddings else 2)
-    return m.n_layers * per_layer + emb + d
+    return 2 * d * qd + 2 * d * kvd + 3 * d * f + 2 * d
+
+
+def param_count(spec: JobSpec) -> int:
+    m = spec.model
+    emb = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    return m.n_layers * block_param_count(spec) + emb + m.d_model
 
 
 LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service does not import the trainer)
@@ -70,12 +75,12 @@ LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service 
 def memory_estimate(spec: JobSpec) -> dict[str, Any]:
     m, p = spec.model, spec.parallel
     P = param_count(spec)
-    ulysses = getattr(p, "ulysses_size", 1)
+    ulysses = p.ulysses_size
     W = p.data_parallel * p.ring_size * ulysses
     b = spec.train.batch_size // p.data_parallel
     t = spec.data.seq_len // (p.ring_size * ulysses)
     d, kvd, f, h, V, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.vocab_size, m.n_layers
-    p_block = 2 * d * d + 2 * d * kvd + 3 * d * f + 2 * d
+    p_block = block_param_count(spec)
     p_root = P - L * p_block
     per_layer = 6 * d + 2 * kvd + 3 * f + h
     kept_layers = d * L + per_layer if spec.train.activation_checkpointing else L * per_layer
