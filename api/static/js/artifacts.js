@@ -2,7 +2,7 @@
 // links (a plain <a href> cannot send the bearer token; the listing, owner-only, hands out per-file links), and
 // ready-to-paste commands: `ringtrain pull` (checksums verified) and transformers' from_pretrained.
 import { api, ApiError } from "./api.js";
-import { fmtBytes, h } from "./util.js";
+import { fmtBytes, h, TERMINAL } from "./util.js";
 
 export function mountArtifacts(box, jobId, signal) {
   let loaded = false;
@@ -46,6 +46,12 @@ export function mountArtifacts(box, jobId, signal) {
   /** (Re)load the listing; `job` is the current job JSON. Quiet until the model exists. */
   async function refresh(job) {
     if (loaded) return;
+    if (job?.state !== "SUCCEEDED") {  // only a job that succeeded exports its model: nothing to ask for yet
+      box.replaceChildren(h("p.muted#artifacts-empty", {}, job && TERMINAL.has(job.state)
+        ? `This job ended ${job.state}: no model was exported.`
+        : "The trained model is exported here when the job succeeds."));
+      return;
+    }
     try {
       const list = await api(`/v1/jobs/${encodeURIComponent(jobId)}/artifacts`, { signal });
       loaded = true;
@@ -53,8 +59,7 @@ export function mountArtifacts(box, jobId, signal) {
     } catch (e) {
       if (e.name === "AbortError") return;
       const why = e instanceof ApiError && e.code === "no_artifacts"
-        ? (job?.state === "SUCCEEDED" ? "No exported model was found for this job." :
-          "The trained model is exported here when the job succeeds.")
+        ? "No exported model was found for this job (the checkpoint directory is not visible to the server?)."
         : `Could not list the model's files: ${e.message}`;
       box.replaceChildren(h("p.muted#artifacts-empty", {}, why));
     }
