@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.launcher import ClusterInfo
+from service.launcher import ClusterInfo, NodeInfo
 from workers.config import JobSpec
 
 
@@ -37,6 +37,28 @@ class Quota(BaseModel):
     max_running_jobs: int | None = Field(None, ge=0)
     max_cpus: float | None = Field(None, ge=0)
     max_gpus: float | None = Field(None, ge=0)
+
+
+class NodeShape(BaseModel):
+    """A node the cluster's autoscaler may add (`RINGTRAIN_AUTOSCALER_NODES`): a worker group's pod resources and its
+    `maxReplicas`. Counted as free capacity so that a job waiting for it is admitted: its driver's pending placement
+    group is the demand Ray's autoscaler acts on (a queued job holds nothing, so it would never be seen)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: float = Field(gt=0)
+    gpus: float = Field(0.0, ge=0)
+    max_nodes: int = Field(ge=0)
+
+
+def with_autoscaler(cluster: ClusterInfo, shapes: Sequence[NodeShape]) -> ClusterInfo:
+    """The cluster plus, per shape, the nodes of that shape the autoscaler may still add (idle, not alive yet)."""
+    extra = []
+    for i, shape in enumerate(shapes):
+        have = sum(1 for n in cluster.nodes if n.alive and (n.cpus_total, n.gpus_total) == (shape.cpus, shape.gpus))
+        for k in range(max(0, shape.max_nodes - have)):
+            extra.append(NodeInfo(f"autoscaler-{i}-{k}", "", True, shape.cpus, shape.cpus, shape.gpus, shape.gpus))
+    return ClusterInfo(nodes=[*cluster.nodes, *extra]) if extra else cluster
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ class Controller:
             ranked = admission.order([self._queued(j, ClusterInfo()) for j in queued])
             await asyncio.to_thread(self.store.set_queue, {q.job_id: (i + 1, why) for i, q in enumerate(ranked)})
             return
+        cluster = admission.with_autoscaler(cluster, self.settings.autoscaler_nodes)
         now = time.time()
         placed: list[tuple[str, admission.Demand, int]] = []
         pending: list[admission.Demand] = []

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.admission import Quota
+from service.admission import NodeShape, Quota
 
 DEFAULT_TOKEN_FILE = Path("~/.ringtrain/token")
 HASHED_PREFIX = "sha256:"  # an api_tokens key with this prefix is the hex SHA-256 of the token, not the token
@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     )
     queue_reserve_after_s: float = Field(
         300.0, ge=0, description="a queued job that waited this long keeps later jobs from starting past it"
+    )
+    autoscaler_nodes: list[NodeShape] = Field(
+        default_factory=list,
+        description="JSON list of {cpus, gpus, max_nodes}: nodes the autoscaler may add (admission counts them)",
     )
     queue_shrink_grace_s: float = Field(
         600.0, ge=0, description="a queued job larger than the cluster (nodes lost) fails after waiting this long"

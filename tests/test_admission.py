@@ -6,6 +6,7 @@ from service.admission import (
     Admitted,
     Demand,
     Free,
+    NodeShape,
     Queued,
     Quota,
     decide,
@@ -15,6 +16,7 @@ from service.admission import (
     never_within_quota,
     take,
     uses_gpus,
+    with_autoscaler,
 )
 from service.launcher import ClusterInfo, NodeInfo
 from workers.config import JobSpec
@@ -130,3 +132,14 @@ def test_demand_follows_the_spec_and_the_cluster() -> None:
     d = demand_of(spec, True)
     assert (d.bundles, d.cpus, d.gpus) == (6, 3.0, 6.0)
     assert JobSpec.model_validate({"name": "p", "priority": 7}).priority == 7
+
+
+def test_nodes_the_autoscaler_may_add_count_as_free_capacity() -> None:
+    head = NodeInfo("head", "10.0.0.1", True, 8, 8, 0, 0)
+    gpu_pod = NodeInfo("pod-1", "10.0.0.2", True, 8, 0, 8, 0)  # one pod of the group is up and busy
+    shapes = [NodeShape(cpus=8, gpus=8, max_nodes=3)]
+    c = with_autoscaler(ClusterInfo(nodes=[head, gpu_pod]), shapes)
+    assert [n.node_id for n in c.nodes] == ["head", "pod-1", "autoscaler-0-0", "autoscaler-0-1"]
+    d = Demand(16, 1.0, 1.0)  # a ring of 16 GPUs: fits the two pods still to come, so it is admitted
+    assert fits(d, free_nodes(c)) and not fits(Demand(17, 1.0, 1.0), free_nodes(c))
+    assert with_autoscaler(ClusterInfo(nodes=[head]), []).nodes == [head]

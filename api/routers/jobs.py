@@ -34,7 +34,7 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo |
     """Reject a job the whole cluster can never hold (a cluster we cannot read is not checked here); returns the
     cluster as read (None when it could not be)."""
     try:
-        cluster = await ctx.cluster()
+        cluster = admission.with_autoscaler(await ctx.cluster(), ctx.settings.autoscaler_nodes)
     except Exception:
         return None
     if not any(n.alive for n in cluster.nodes):
