@@ -1,8 +1,9 @@
 """The dashboard under its Content-Security-Policy in headless Chromium, against the real server with the default
-rate limits on: every page (jobs list, a live job with ring, passkey grid and audit rows, submit and plan, the token
-prompt, the dark palette) runs with zero CSP violations — caught by a `securitypolicyviolation` listener installed
-before any page script, and by the console — and a planted inline script and style attribute are refused, which
-shows the listener sees what it should. The token lives in sessionStorage, never localStorage.
+rate limits on: every page (jobs list, a live job with ring, passkey grid and audit rows, compare runs, submit
+and plan, the token prompt, the dark palette) runs with zero CSP violations — caught by a
+`securitypolicyviolation` listener installed before any page script, and by the console — and a planted inline
+script and style attribute are refused, which shows the listener sees what it should. The token lives in
+sessionStorage, never localStorage.
 """
 
 from __future__ import annotations
@@ -150,6 +151,14 @@ def test_every_page_runs_without_csp_violations(watched: Watched, server: Server
         "() => [...document.querySelectorAll('#timeline li.audit')].some((li) => li.textContent.includes('job.cancel'))"
     )
     shot(page, "security-csp-job")
+
+    other = create_job(server, {**SPEC, "name": "csp-other"})
+    d2 = start_running(server, other["id"], ranks=4)
+    for s in range(5):
+        assert d2.post(step_items(d2, s)).status_code == 200
+    page.goto(f"{server.url}/#/compare?ids={running['id']},{other['id']}&metric=loss")
+    page.locator("#compare-plot canvas").first.wait_for()
+    page.locator("#spec-diff .swatch, #compare-note").first.wait_for(state="attached")
 
     page.goto(f"{server.url}/#/submit")
     page.locator("#spec-editor").wait_for()
