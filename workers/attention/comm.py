@@ -20,6 +20,7 @@ class RingComm:
         self.prev = to_global((self.rank - 1) % self.world)
         self._reqs: list[dist.Work] = []
         self._recv: torch.Tensor | None = None
+        self._send: torch.Tensor | None = None
 
     def send_recv(self, send: torch.Tensor) -> None:
         """Post: send `send` to the next rank, receive a tensor shaped like it from the previous rank."""

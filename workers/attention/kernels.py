@@ -30,7 +30,10 @@ Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class BlockKernel(Protocol):
-    name: str
+    @property
+    def name(self) -> str:
+        """Backend name (read-only: the kernels are frozen dataclasses)."""
+        ...
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
@@ -61,13 +64,13 @@ def _bhsd(x: torch.Tensor) -> torch.Tensor:
 class TorchCpuFlash:
     name: str = "torch_cpu_flash"
 
-    def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def forward(self, q, k, v, causal, scale):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             _bhsd(q), _bhsd(k), _bhsd(v), 0.0, causal, scale=scale
         )
         return _bhsd(out), lse
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             _bhsd(dout),
             _bhsd(q),
@@ -93,7 +96,7 @@ class TorchMath:
     name: str = "torch_math"
 
     @staticmethod
-    def _scores(q, k, causal, scale):  # type: ignore[no-untyped-def]
+    def _scores(q, k, causal, scale):
         b, sq, h, d = q.shape
         hk = k.shape[2]
         acc = _lse_dtype(q)
@@ -103,15 +106,15 @@ class TorchMath:
             s = s.masked_fill(torch.ones(sq, k.shape[1], dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         return s
 
-    def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def forward(self, q, k, v, causal, scale):
         with torch.autocast(q.device.type, enabled=False):  # else einsum runs in bf16 under autocast
             return self._forward(q, k, v, causal, scale)
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
         with torch.autocast(q.device.type, enabled=False):
             return self._backward(dout, q, k, v, out, lse, causal, scale)
 
-    def _forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def _forward(self, q, k, v, causal, scale):
         b, sq, h, _ = q.shape
         s = self._scores(q, k, causal, scale)
         lse = torch.logsumexp(s, dim=-1)  # [B, Hk, G, Sq]
@@ -119,7 +122,7 @@ class TorchMath:
         out = torch.einsum("bkgqs,bskd->bqkgd", p, v.to(s.dtype)).reshape(b, sq, h, -1)
         return out.to(q.dtype), lse.reshape(b, h, sq)
 
-    def _backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def _backward(self, dout, q, k, v, out, lse, causal, scale):
         b, sq, h, d = q.shape
         hk = k.shape[2]
         g = h // hk
@@ -160,7 +163,7 @@ class TorchCudaFlash:
 
     name: str = "torch_cuda_flash"
 
-    def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def forward(self, q, k, v, causal, scale):
         h, d = q.shape[2], q.shape[3]
         res = torch.ops.aten._scaled_dot_product_flash_attention(
             _bhsd(_pad8(q)),
@@ -173,7 +176,7 @@ class TorchCudaFlash:
         )
         return _bhsd(res[0])[..., :d], res[1]
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
         h, hk, d = q.shape[2], k.shape[2], q.shape[3]
         # Dense blocks: cum_seq_q/k must be None (a defined tensor, even empty, selects the varlen path);
         # philox seed/offset are CPU int64 scalars, as the forward itself returns them without dropout.
@@ -223,7 +226,7 @@ class FlashAttn:
 
     name: str = "flash_attn"
 
-    def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def forward(self, q, k, v, causal, scale):
         api = _flash_attn_api()
         if api is None:
             raise RuntimeError("flash-attn >= 2.6 is not importable (flash_attn.flash_attn_interface)")
@@ -234,7 +237,7 @@ class FlashAttn:
         out, lse = (res[0], res[1]) if split_window else (res[0], res[5])
         return out[..., :d], lse
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
         api = _flash_attn_api()
         if api is None:
             raise RuntimeError("flash-attn >= 2.6 is not importable (flash_attn.flash_attn_interface)")

@@ -125,7 +125,7 @@ def ring_plan(layout: str, causal: bool, rank: int, world: int, n: int, docs: Do
 
     Cached: every layer of a model asks for the same plan.
     """
-    steps = []
+    steps: list[list[Block]] = []
     for step in range(world):
         src = (rank - step) % world
         dense = block_for_step(layout, causal, rank, src, n)

@@ -26,11 +26,12 @@ def _covers_all(block: Block, n: int) -> bool:
     return block.rows == ALL_ROWS and block.q == slice(0, n)
 
 
-def _forward(q, k, v, plan, comm, world, scale, kernel, overlap):  # type: ignore[no-untyped-def]
+def _forward(q, k, v, plan, comm, world, scale, kernel, overlap):
     acc = _acc_dtype(q.dtype)
     b, n, h, _ = q.shape
     kv = torch.stack([k, v])
-    out = lse = None
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
     for step in range(world):
         last = step + 1 == world
         if overlap and not last:
@@ -41,7 +42,7 @@ def _forward(q, k, v, plan, comm, world, scale, kernel, overlap):  # type: ignor
             if out is None and _covers_all(blk, n):  # dense step 0: the diagonal block covers every row
                 out, lse = b_out.to(acc), b_lse.to(acc).contiguous()
                 continue
-            if out is None:  # packed documents: rows start empty and fill block by block
+            if out is None or lse is None:  # packed documents: rows start empty and fill block by block
                 out = torch.zeros(q.shape, dtype=acc, device=q.device)
                 lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
             merge_(out[r, blk.q], lse[r, :, blk.q], b_out, b_lse)
@@ -52,7 +53,14 @@ def _forward(q, k, v, plan, comm, world, scale, kernel, overlap):  # type: ignor
     return out, lse
 
 
-def _backward(dout, q, k, v, out, lse, plan, group, world, scale, kernel):  # type: ignore[no-untyped-def]
+def _exchanging(comm: RingComm | None) -> RingComm:
+    """The comm of an exchange; it is None only for a single rank, which never exchanges."""
+    if comm is None:
+        raise RuntimeError("ring exchange with world size 1: no RingComm exists to send or receive")
+    return comm
+
+
+def _backward(dout, q, k, v, out, lse, plan, group, world, scale, kernel):
     acc = _acc_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv = torch.stack([k, v])
@@ -61,7 +69,7 @@ def _backward(dout, q, k, v, out, lse, plan, group, world, scale, kernel):  # ty
     for step in range(world):
         last = step + 1 == world
         if not last:
-            kv_comm.send_recv(kv)
+            _exchanging(kv_comm).send_recv(kv)
         grads = []
         for blk in plan[step]:
             r = blk.rows
@@ -78,22 +86,22 @@ def _backward(dout, q, k, v, out, lse, plan, group, world, scale, kernel):  # ty
             dq[r, blk.q] += g[0]
             grads.append((blk, g))
         # The dkv that arrived meanwhile belongs to the K/V block we hold now: add our part, pass it on.
-        dkv = dkv_comm.wait() if step > 0 else torch.zeros(kv.shape, dtype=acc, device=q.device)
+        dkv = _exchanging(dkv_comm).wait() if step > 0 else torch.zeros(kv.shape, dtype=acc, device=q.device)
         for blk, g in grads:
             dkv[0][blk.rows, blk.kv] += g[1]
             dkv[1][blk.rows, blk.kv] += g[2]
         if world > 1:
-            dkv_comm.send_recv(dkv)
+            _exchanging(dkv_comm).send_recv(dkv)
         if not last:
-            kv = kv_comm.wait()
+            kv = _exchanging(kv_comm).wait()
     if world > 1:
-        dkv = dkv_comm.wait()  # our own block's gradient, summed over every rank's queries
+        dkv = _exchanging(dkv_comm).wait()  # our own block's gradient, summed over every rank's queries
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, group, scale, overlap, docs):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, q, k, v, causal, layout, group, scale, overlap, docs):
         rank, world = _rank_world(group)
         kernel = select_kernel(q.device, q.dtype, q.shape[-1])
         comm = RingComm(group) if world > 1 else None
@@ -105,7 +113,7 @@ class _RingAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dout):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _backward(dout, q, k, v, out, lse, *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None

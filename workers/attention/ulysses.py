@@ -105,23 +105,23 @@ def _heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch
 
 class _SeqToHeads(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, size):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, x, group, size):
         ctx.group, ctx.size = group, size
         return _seq_to_heads(x, group, size)
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, g):
         return _heads_to_seq(g, ctx.group, ctx.size), None, None
 
 
 class _HeadsToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, size):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, x, group, size):
         ctx.group, ctx.size = group, size
         return _heads_to_seq(x, group, size)
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, g):
         return _seq_to_heads(g, ctx.group, ctx.size), None, None
 
 
