@@ -58,7 +58,7 @@ def default_launcher(settings: Settings) -> Launcher:
         return NoClusterLauncher()
     from service.ray_jobs import RayJobLauncher
 
-    return RayJobLauncher(settings.ray_address)
+    return RayJobLauncher(settings.ray_address, entrypoint_resources=settings.driver_resources)
 
 
 def create_app(settings: Settings | None = None, launcher: Launcher | None = None) -> FastAPI:

@@ -49,6 +49,7 @@ class NodeShape(BaseModel):
     cpus: float = Field(gt=0)
     gpus: float = Field(0.0, ge=0)
     max_nodes: int = Field(ge=0)
+    group: str = Field("", description="the worker group's name, for messages that name the limit")
 
 
 def with_autoscaler(cluster: ClusterInfo, shapes: Sequence[NodeShape]) -> ClusterInfo:

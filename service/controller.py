@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
-from service import admission
+from service import admission, capacity
 from service.launcher import ClusterInfo, DriverStatus, Launcher, LaunchRequest
 from service.models import Job
 from service.settings import Settings
@@ -161,8 +161,17 @@ class Controller:
         await asyncio.to_thread(self.store.set_queue, updates)
         for jid in decision.start:
             log.info("job %s: admitted (%s)", jid, jobs[jid].name)
+            await self._resolve_accelerator(jid, cluster)
             self._start(jobs[jid])
         await self._fail_too_big(decision, now)
+
+    async def _resolve_accelerator(self, job_id: str, cluster: ClusterInfo) -> None:
+        """A job submitted while the cluster could not be read still says `auto`: decide it now, once, and store it."""
+        spec = self._specs[job_id]
+        resolved = capacity.resolve_accelerator(spec, cluster)
+        if resolved is not spec:
+            await asyncio.to_thread(self.store.set_accelerator, job_id, resolved.resources.accelerator)
+            self._specs[job_id] = resolved
 
     def _queued(self, job: Job, cluster: ClusterInfo) -> admission.Queued:
         spec = self._spec(job)

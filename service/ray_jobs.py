@@ -61,8 +61,11 @@ class RayJobLauncher:
         python: str = "python",
         extra_env: dict[str, str] | None = None,
         entrypoint_num_cpus: float = 0.0,
+        entrypoint_resources: dict[str, float] | None = None,
     ) -> None:
-        """`address`: the Jobs API, e.g. `http://head-svc:8265`. `python`: the interpreter on the cluster."""
+        """`address`: the Jobs API, e.g. `http://head-svc:8265`. `python`: the interpreter on the cluster.
+        `entrypoint_resources`: custom Ray resources each driver needs, so it runs on the nodes that advertise them
+        (a small drivers' group on KubeRay), not on the head, whose restart would otherwise end every driver."""
         self.address = address if "://" in address else f"http://{address}"
         self.address = self.address.rstrip("/")
         self.auth_token = auth_token if auth_token is not None else find_ray_auth_token()
@@ -70,6 +73,7 @@ class RayJobLauncher:
         self.python = python
         self.extra_env = dict(extra_env or {})
         self.entrypoint_num_cpus = entrypoint_num_cpus
+        self.entrypoint_resources = dict(entrypoint_resources or {})
         self._client_obj: Any = None
 
     @property
@@ -110,6 +114,7 @@ class RayJobLauncher:
                 runtime_env={"env_vars": env},
                 metadata={"ringtrain_job_id": req.job_id[:200], "attempt": str(req.attempt)},
                 entrypoint_num_cpus=self.entrypoint_num_cpus,
+                entrypoint_resources=self.entrypoint_resources or None,
             )
         except RuntimeError as e:
             if _ray_error(e) is not _RayError.EXISTS:

@@ -49,7 +49,13 @@ class Settings(BaseSettings):
     )
     autoscaler_nodes: list[NodeShape] = Field(
         default_factory=list,
-        description="JSON list of {cpus, gpus, max_nodes}: nodes the autoscaler may add (admission counts them)",
+        description="JSON list of {cpus, gpus, max_nodes, group}: per worker group, the pod resources and maxReplicas "
+        "(nodes the autoscaler may add: admission and the 422 check count them)",
+    )
+    driver_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description='JSON object of custom Ray resources per driver (entrypoint_resources), e.g. {"ringtrain_driver": '
+        "1}: drivers then run only on nodes that advertise it (KubeRay: the drivers' group, never the head)",
     )
     queue_shrink_grace_s: float = Field(
         600.0, ge=0, description="a queued job larger than the cluster (nodes lost) fails after waiting this long"

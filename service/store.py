@@ -315,6 +315,14 @@ class Store:
             job.updated_at = time.time()
             return job
 
+    def set_accelerator(self, job_id: str, accelerator: str) -> None:
+        """Store the accelerator `auto` was resolved to (once, at admission when not at submission); every driver
+        of the job reads it from the spec, so a retry never re-decides it."""
+        with self._write() as (s, _):
+            job = self._lock_job(s, job_id)
+            if (job.spec.get("resources") or {}).get("accelerator", "auto") == "auto":
+                job.spec = {**job.spec, "resources": {**(job.spec.get("resources") or {}), "accelerator": accelerator}}
+
     def set_ingest_token_hash(self, job_id: str, token_hash: str) -> None:
         with self._write() as (s, _):
             self._lock_job(s, job_id).ingest_token_hash = token_hash

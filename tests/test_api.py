@@ -373,10 +373,17 @@ def test_readyz_without_ray(tmp_path):
             raise ConnectionError("connection refused")
 
     with running(tmp_path, NoRay()) as srv:
+        # ready (the Service keeps routing the CLI, the dashboard and the drivers' reports) while Ray is reported down
         r = srv.client(None).get("/readyz")
-        assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
-        assert "ray" in r.json()["error"]["message"]
-        assert srv.client().get("/v1/cluster").status_code == 503
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "ready" and body["store"] == "ok"
+        assert body["ray"].startswith("unreachable") and "connection refused" in body["ray"]
+        cl = srv.client().get("/v1/cluster")
+        assert cl.status_code == 503 and cl.json()["error"]["code"] == "ray_unavailable"
+        assert "connection refused" in cl.json()["error"]["message"]
+        j = submit(srv.client())  # accepted while Ray is away: it waits QUEUED, saying why
+        assert srv.client().get(f"/v1/jobs/{j['id']}").json()["state"] == "QUEUED"
 
 
 def test_restart_reattaches_running_jobs(tmp_path):

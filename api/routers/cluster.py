@@ -9,6 +9,7 @@ from api.deps import Ctx, Owner
 from api.errors import ApiError
 from api.routers.jobs import ERRORS, SPEC_BODY
 from api.schemas import ClusterOut, ErrorResponse, PlanOut
+from service import admission
 from service.launcher import ClusterInfo
 from service.planner import plan
 
@@ -27,7 +28,7 @@ async def plan_job(request: Request, ctx: Ctx, owner: Owner) -> PlanOut:
     check_data_path(spec, ctx.settings.resolved_data_roots())
     cluster_error = None
     try:
-        cluster = await ctx.cluster(max_age_s=1.0)
+        cluster = admission.with_autoscaler(await ctx.cluster(max_age_s=1.0), ctx.settings.autoscaler_nodes)
     except Exception as e:
         cluster, cluster_error = ClusterInfo(), f"cannot read the cluster: {type(e).__name__}: {e}"
     p = plan(spec, cluster)

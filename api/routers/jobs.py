@@ -12,7 +12,7 @@ from api.body import check_data_path, parse_spec
 from api.deps import AppContext, Ctx, Owner
 from api.errors import ApiError
 from api.schemas import ErrorResponse, JobList, JobOut, LogOut, LogPage, MetricOut, MetricPage
-from service import admission
+from service import admission, capacity
 from service.launcher import ClusterInfo
 from service.planner import plan
 from workers.config import JobSpec
@@ -41,7 +41,9 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo |
         return cluster
     p = plan(spec, cluster)
     if not p.fits:  # with alive nodes, the planner says no only when the whole cluster is too small
-        raise ApiError(422, p.warnings[0], field="parallel.ring_size")
+        shapes = ctx.settings.autoscaler_nodes
+        limit = f" (counted with what the autoscaler may add: {capacity.growth_limit(shapes)})" if shapes else ""
+        raise ApiError(422, p.warnings[0] + limit, field="parallel.ring_size")
     return cluster
 
 
@@ -65,7 +67,10 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
     """Create a job from a spec (JSON, or YAML with `Content-Type: application/yaml`). It starts QUEUED."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
     check_data_path(spec, ctx.settings.resolved_data_roots())
-    check_against_quota(ctx, owner, spec, await check_against_cluster(ctx, spec))
+    cluster = await check_against_cluster(ctx, spec)
+    check_against_quota(ctx, owner, spec, cluster)
+    if cluster is not None and any(n.alive for n in cluster.nodes):  # else resolved at admission
+        spec = capacity.resolve_accelerator(spec, cluster)  # stored: a resubmitted driver never re-decides `auto`
     # the ingest token the driver uses is (re)generated when the job is handed to the launcher
     job = await asyncio.to_thread(ctx.store.create_job, owner, spec, secrets.token_urlsafe(32))
     ctx.controller.wake()
