@@ -33,6 +33,16 @@ CRD_FILES = {
     "RayService": "ray.io_rayservices.yaml",
 }
 CRD_VERSION = "v1"
+KUEUE_CRDS = DEPLOY / "crds" / "kueue-v0.19.2"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"  # the storage version of Kueue v0.19
+KUEUE_CRD_FILES = {
+    "ClusterQueue": "kueue.x-k8s.io_clusterqueues.yaml",
+    "LocalQueue": "kueue.x-k8s.io_localqueues.yaml",
+    "ResourceFlavor": "kueue.x-k8s.io_resourceflavors.yaml",
+    "WorkloadPriorityClass": "kueue.x-k8s.io_workloadpriorityclasses.yaml",
+    "Topology": "kueue.x-k8s.io_topologies.yaml",
+}
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -105,12 +115,16 @@ def strictify(schema: Any) -> Any:
 
 
 @functools.cache
-def crd_validator(kind: str) -> jsonschema.Draft4Validator:
-    path = crd_dir() / CRD_FILES[kind]
+def crd_validator(kind: str, group: str = "ray.io") -> jsonschema.Draft4Validator:
+    """The strict validator of a KubeRay (`ray.io/v1`) or Kueue (`kueue.x-k8s.io/v1beta2`) kind."""
+    if group == KUEUE_GROUP:
+        path, version = KUEUE_CRDS / KUEUE_CRD_FILES[kind], KUEUE_VERSION
+    else:
+        path, version = crd_dir() / CRD_FILES[kind], CRD_VERSION
     crd = yaml.load(path.read_text(), Loader=_Loader)
     assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["names"]["kind"] == kind, path
-    versions = [v for v in crd["spec"]["versions"] if v["name"] == CRD_VERSION]
-    assert versions, f"{path} has no version {CRD_VERSION}"
+    versions = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    assert versions, f"{path} has no version {version}"
     schema = strictify(versions[0]["schema"]["openAPIV3Schema"])
     jsonschema.Draft4Validator.check_schema(schema)
     return jsonschema.Draft4Validator(schema)
@@ -124,10 +138,17 @@ def drop_nulls(obj: Any) -> Any:
     return obj
 
 
+def is_custom(obj: dict[str, Any]) -> bool:
+    """A KubeRay or Kueue object (validated against its CRD, not by kubernetes-validate)."""
+    return str(obj.get("apiVersion", "")).split("/")[0] in ("ray.io", KUEUE_GROUP)
+
+
 def crd_errors(obj: dict[str, Any]) -> list[str]:
-    """Schema errors of a ray.io/v1 object, as 'path: message' lines (empty when valid)."""
-    assert obj.get("apiVersion") == f"ray.io/{CRD_VERSION}", obj.get("apiVersion")
-    validator = crd_validator(obj["kind"])
+    """Schema errors of a ray.io/v1 or kueue.x-k8s.io/v1beta2 object, as 'path: message' lines (empty when valid)."""
+    group = str(obj.get("apiVersion", "")).split("/")[0]
+    want = f"{KUEUE_GROUP}/{KUEUE_VERSION}" if group == KUEUE_GROUP else f"ray.io/{CRD_VERSION}"
+    assert obj.get("apiVersion") == want, obj.get("apiVersion")
+    validator = crd_validator(obj["kind"], group)
     errors = sorted(validator.iter_errors(drop_nulls(copy.deepcopy(obj))), key=lambda e: list(e.absolute_path))
     return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}" for e in errors]
 

@@ -25,7 +25,16 @@ OVERLAYS = dh.overlay_names()
 # Not the bare overlay name: conftest skips tests carrying a `gpu` keyword, and a parameter id `gpu` would be one.
 OVERLAY_IDS = [f"overlay-{ov}" for ov in OVERLAYS]
 DOCKERFILES = {"cpu": dh.DOCKER / "Dockerfile.cpu", "cuda": dh.DOCKER / "Dockerfile.cuda"}
-THIRD_PARTY_IMAGES = re.compile(r"^postgres:\d+\.\d+")  # the dev overlay's database
+# Overlays whose Ray pods run the CUDA image and carry a GPU worker group.
+GPU_OVERLAYS = {"gpu", "kueue", "fast-links"}
+# Secrets that only the dev overlay renders; every other overlay expects them created out of band (deploy/README.md
+# shows the `kubectl create secret` of each, with these keys).
+OUT_OF_BAND_SECRETS = {
+    "ringtrain-secrets": {"RINGTRAIN_API_TOKENS", "RINGTRAIN_DATABASE_URL"},
+    "ringtrain-ray-auth": {"auth_token"},
+    "ringtrain-redis": {"password"},
+}
+THIRD_PARTY_IMAGES = re.compile(r"^(postgres|redis):\d+\.\d+")  # the dev database; the gpu overlay's GCS Redis
 
 
 def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
@@ -77,7 +86,8 @@ def test_overlays_exist():
 def test_overlay_renders(overlay):
     objs = rendered(overlay)
     kinds = {o["kind"] for o in objs}
-    assert {"RayCluster", "Deployment", "Service", "Secret", "ConfigMap", "PersistentVolumeClaim"} <= kinds, kinds
+    assert {"RayCluster", "Deployment", "Service", "ConfigMap", "PersistentVolumeClaim"} <= kinds, kinds
+    assert ("Secret" in kinds) == overlay.startswith("dev"), "only the dev overlay carries Secrets"
     names = [(o["kind"], o["metadata"]["name"]) for o in objs]
     assert len(names) == len(set(names)), f"duplicate objects: {names}"
     for o in objs:
@@ -87,8 +97,8 @@ def test_overlay_renders(overlay):
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
 def test_kuberay_objects_match_crd_schema(overlay):
-    objs = [o for o in rendered(overlay) if o["apiVersion"].startswith(RAY_GROUP)]
-    assert by_kind(objs, "RayCluster"), "no RayCluster rendered"
+    objs = [o for o in rendered(overlay) if dh.is_custom(o)]
+    assert by_kind(objs, "RayCluster") or by_kind(objs, "ClusterQueue"), "no RayCluster (or Kueue queue) rendered"
     for o in objs:
         errors = dh.crd_errors(o)
         assert not errors, f"{o['kind']}/{o['metadata']['name']} ({overlay}):\n" + "\n".join(errors)
@@ -97,7 +107,7 @@ def test_kuberay_objects_match_crd_schema(overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
 def test_builtin_kinds_validate_strict(overlay):
     for o in rendered(overlay):
-        if o["apiVersion"].startswith(RAY_GROUP):
+        if dh.is_custom(o):
             continue
         try:
             kubernetes_validate.validate(o, K8S_VERSION, strict=True)
@@ -247,6 +257,12 @@ def test_configmap_points_at_ray_head_and_control_plane(overlay):
 def test_referenced_names_exist(overlay):
     objs = rendered(overlay)
     names = {k: {o["metadata"]["name"] for o in by_kind(objs, k)} for k in ("Secret", "ConfigMap")}
+    secret_keys = {
+        o["metadata"]["name"]: {*o.get("data", {}), *o.get("stringData", {})} for o in by_kind(objs, "Secret")
+    }
+    if not overlay.startswith("dev"):
+        secret_keys = {**OUT_OF_BAND_SECRETS, **secret_keys}
+        names["Secret"] |= set(OUT_OF_BAND_SECRETS)
     pvcs = {o["metadata"]["name"] for o in by_kind(objs, "PersistentVolumeClaim")}
     for p in all_pods(objs):
         vols = {v["name"]: v for v in p.spec.get("volumes", [])}
@@ -269,8 +285,11 @@ def test_referenced_names_exist(overlay):
                     ref = e.get("valueFrom", {}).get(key)
                     if ref:
                         assert ref["name"] in names[kind], f"{p.owner}: env {e['name']}"
-                        obj = the_one(objs, kind, ref["name"])
-                        keys = {**obj.get("data", {}), **obj.get("stringData", {})}
+                        if kind == "Secret":
+                            keys = secret_keys[ref["name"]]
+                        else:
+                            obj = the_one(objs, kind, ref["name"])
+                            keys = {**obj.get("data", {}), **obj.get("stringData", {})}
                         assert ref["key"] in keys, f"{p.owner}: {kind}/{ref['name']} has no key {ref['key']}"
         sa = p.spec.get("serviceAccountName")
         if sa:
@@ -278,8 +297,10 @@ def test_referenced_names_exist(overlay):
     for rc in by_kind(objs, "RayCluster"):
         secret = rc["spec"].get("authOptions", {}).get("secretName")
         if secret:
-            s = the_one(objs, "Secret", secret)
-            assert "auth_token" in {**s.get("data", {}), **s.get("stringData", {})}
+            assert "auth_token" in secret_keys[secret]
+        redis = (rc["spec"].get("gcsFaultToleranceOptions") or {}).get("redisPassword", {}).get("valueFrom", {})
+        if "secretKeyRef" in redis:
+            assert redis["secretKeyRef"]["key"] in secret_keys[redis["secretKeyRef"]["name"]]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=OVERLAY_IDS)
@@ -294,7 +315,7 @@ def test_images_match_dockerfiles(overlay):
             assert img in ours.values() or THIRD_PARTY_IMAGES.match(img), f"{p.owner}: {img} is no Dockerfile's tag"
     ray_images = {c["image"] for p in dh.pod_templates(rc) for c in p.spec["containers"]}
     assert len(ray_images) == 1, f"head and workers must run one image: {ray_images}"
-    want = ours["cuda"] if overlay == "gpu" else ours["cpu"]
+    want = ours["cuda"] if overlay in GPU_OVERLAYS else ours["cpu"]
     assert ray_images == {want}
     api = the_one(objs, "Deployment", "ringtrain-api")["spec"]["template"]["spec"]["containers"][0]
     assert api["image"] == ours["cpu"]
@@ -329,7 +350,7 @@ def test_ray_cluster_shape(overlay):
     gpu_groups = [
         g for g in groups if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]
     ]
-    if overlay != "gpu":
+    if overlay not in GPU_OVERLAYS:
         assert not gpu_groups
         return
     assert gpu_groups, "the gpu overlay has no GPU worker group"
@@ -362,7 +383,7 @@ def test_control_plane_hardening_and_probes(overlay):
     envs = {e["name"] for e in c.get("env", [])}
     secret_keys = {
         k for s in by_kind(objs, "Secret") if s["metadata"]["name"] == "ringtrain-secrets" for k in s["stringData"]
-    }
+    } or (OUT_OF_BAND_SECRETS["ringtrain-secrets"] if not overlay.startswith("dev") else set())
     assert {"RINGTRAIN_API_TOKENS", "RINGTRAIN_DATABASE_URL"} <= secret_keys
     assert {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"} <= envs
     for p in all_pods(objs):
@@ -401,7 +422,7 @@ def test_dockerfile_sound(flavour):
         name, _, tag = ref.rpartition(":")
         assert name and tag and tag != "latest", f"{path.name}:{f.line}: FROM {ref} is not pinned"
         assert re.fullmatch(r"rayproject/ray", name), f"{path.name}: base must be a Ray image, got {ref}"
-        assert re.fullmatch(r"2\.60\.\d+-py311-" + ("gpu" if flavour == "cuda" else "cpu"), tag), ref
+        assert re.fullmatch(r"2\.60\.\d+-py311-" + (r"cu\d{3}" if flavour == "cuda" else "cpu"), tag), ref
         if " AS " in f.args.upper():
             stages.add(f.args.split()[-1])
     for i in instrs:
@@ -420,6 +441,8 @@ def test_dockerfile_sound(flavour):
     assert "pip install ." not in text and ("pip wheel" in text)
     if flavour == "cuda":
         assert "flash-attn" in text and "flash_attn" in text
+        # the CUDA of the base tag is pinned (not the moving -gpu alias) and torch's wheels are built for it
+        assert args["CUDA_TAG"] in dh.substitute(args["TORCH_INDEX_URL"], args)
     else:
         assert "download.pytorch.org/whl/cpu" in text
 
