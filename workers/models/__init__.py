@@ -9,16 +9,22 @@ as a directory transformers reads back (`export.py`).
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import torch
-from torch import nn
 
 from workers.config import JobSpec
 from workers.models.export import save_pretrained
 from workers.models.hf import PretrainedLM, load_pretrained
 from workers.models.llama import SequenceParallel, Transformer, attention_backend, build_model, token_losses
 
+RingModel: TypeAlias = Transformer | PretrainedLM
+"""Every model kind the trainer builds: an nn.Module with `features`, `output_weight`, `set_sequence_parallel`
+and `forward`. A closed union rather than a Protocol, because callers also need it as an nn.Module (FSDP,
+optimizer, checkpoints) and `materialize` dispatches on the concrete class anyway."""
 
-def model_for(spec: JobSpec) -> nn.Module:
+
+def model_for(spec: JobSpec) -> RingModel:
     """The model a job trains, unsharded, in fp32 on CPU: what the trainer builds (one place to add a kind)."""
     m = spec.model
     if m.kind == "hf":
@@ -31,6 +37,7 @@ def model_for(spec: JobSpec) -> nn.Module:
 
 __all__ = [
     "PretrainedLM",
+    "RingModel",
     "SequenceParallel",
     "Transformer",
     "attention_backend",

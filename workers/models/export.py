@@ -44,7 +44,13 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     if any(isinstance(p, DTensor) for p in model.parameters()):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        tensors = {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
+        if len(tensors) != len(full):
+            raise TypeError(
+                f"model state has non-tensor entries, which export cannot write: {sorted(full.keys() - tensors)}"
+            )
+        return tensors
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,9 @@ from torch import nn
 
 from workers.config import pretrained_config
 from workers.models.llama import SequenceParallel
+
+if TYPE_CHECKING:  # transformers is imported lazily at run time (heavy); only its types are needed here
+    from transformers import PreTrainedModel
 
 ATTN_NAME = "ringtrain_ring"
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -87,16 +90,17 @@ class PretrainedLM(nn.Module):
     where `positions` are the global (layout) positions of the rank's tokens.
     """
 
-    def __init__(self, hf_model: nn.Module, source_dir: str | None = None) -> None:
+    def __init__(self, hf_model: PreTrainedModel, source_dir: str | None = None) -> None:
         super().__init__()
         register_ring_attention()
-        self.hf = hf_model
+        self.hf: PreTrainedModel = hf_model
         self.source_dir = source_dir  # where the tokenizer files come from at export
         self.hf.set_attn_implementation(ATTN_NAME)
         self.state = _RingState()
         for layer in self.layers:
-            layer.self_attn.ringtrain_state = self.state
-        rotary = self.hf.model.rotary_emb
+            # torch types Module.__setattr__'s value as Tensor | Module; any object is accepted at run time
+            layer.get_submodule("self_attn").ringtrain_state = self.state  # type: ignore[assignment]
+        rotary = self._decoder.get_submodule("rotary_emb")
         self._rope_last: int | None = None  # global last position, for length-dependent RoPE
         self._length_dependent_rope = str(getattr(rotary, "rope_type", "default")) in LENGTH_DEPENDENT_ROPE
         if self._length_dependent_rope:
@@ -110,7 +114,15 @@ class PretrainedLM(nn.Module):
     @property
     def layers(self) -> nn.ModuleList:
         """The decoder blocks (what activation checkpointing and FSDP wrap one by one)."""
-        return self.hf.model.layers
+        layers = self._decoder.get_submodule("layers")
+        if not isinstance(layers, nn.ModuleList):
+            raise TypeError(f"{type(self.hf).__name__}.model.layers is a {type(layers).__name__}, not an nn.ModuleList")
+        return layers
+
+    @property
+    def _decoder(self) -> nn.Module:
+        """The decoder without the LM head (`.model` in every supported family): embeddings, layers, final norm."""
+        return self.hf.get_submodule("model")
 
     def set_sequence_parallel(self, sp: SequenceParallel | None) -> None:
         """Run attention on this ring from now on (None: plain local attention)."""
@@ -164,7 +176,7 @@ class PretrainedLM(nn.Module):
     ) -> torch.Tensor:
         """Final hidden states [batch, seq_local, hidden]: what a chunked loss projects chunk by chunk.
         `positions` may be per row ([batch, seq_local]) for packed documents, with their `cu_seqlens`."""
-        return self.hf.model(**self._inputs(tokens, positions, cu_seqlens)).last_hidden_state
+        return self._decoder(**self._inputs(tokens, positions, cu_seqlens)).last_hidden_state
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None

@@ -49,6 +49,8 @@ class SequenceParallel:
     ) -> torch.Tensor:
         """Causal attention of this rank's shard, [batch, seq_local, heads, head_dim] in and out."""
         if self.ulysses_group is not None and dist.get_world_size(self.ulysses_group) > 1:
+            if self.group is None:  # ring_attention would take None for the whole world, not a ring of one
+                raise ValueError("SequenceParallel with a Ulysses group needs its ring group (one rank for no ring)")
             return attention.usp_attention(
                 q,
                 k,
