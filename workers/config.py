@@ -529,14 +529,19 @@ class JobSpec(StrictModel):
                 )
         if self.data.kind == "passkey" and self.data.seq_len < 16 * self.data.key_digits:
             _fail("data.seq_len", self.data.seq_len, "data.seq_len is too short to hide a passkey")
-        for i, stage in enumerate(self.data.curriculum if self.data.kind == "passkey" else []):
-            if stage.seq_len > self.data.seq_len or stage.seq_len % need or stage.seq_len < 16 * self.data.key_digits:
-                _fail(
-                    f"data.curriculum.{i}.seq_len",
-                    stage.seq_len,
-                    f"curriculum seq_len {stage.seq_len} must be ≤ data.seq_len ({self.data.seq_len}), "
-                    f"≥ 16 · key_digits and divisible by {need}",
-                )
+        if self.data.kind == "passkey":
+            for i, stage in enumerate(self.data.curriculum):
+                if (
+                    stage.seq_len > self.data.seq_len
+                    or stage.seq_len % need
+                    or stage.seq_len < 16 * self.data.key_digits
+                ):
+                    _fail(
+                        f"data.curriculum.{i}.seq_len",
+                        stage.seq_len,
+                        f"curriculum seq_len {stage.seq_len} must be ≤ data.seq_len ({self.data.seq_len}), "
+                        f"≥ 16 · key_digits and divisible by {need}",
+                    )
         return self
 
     @property
@@ -579,12 +584,12 @@ def load_spec(text: str) -> JobSpec:
     import yaml
 
     class _NoAliasLoader(yaml.SafeLoader):
-        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 raise yaml.YAMLError("YAML aliases/anchors are not allowed in job specs")
             return super().compose_node(parent, index)
 
-        def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)

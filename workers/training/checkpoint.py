@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -38,6 +38,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 STATE_FILE = "state.pt"  # the completion marker: the last file written
@@ -141,7 +143,7 @@ def save_checkpoint(
     _barrier()
     single = _dist()[1] == 1
     with _dcp(single):
-        dcp.save(_tensor_state(model, optimizer), checkpoint_id=tmp, no_dist=single)  # collective; fsyncs
+        dcp_save(_tensor_state(model, optimizer), checkpoint_id=tmp, no_dist=single)  # collective; fsyncs
     rng_file = tmp / f"rng-rank{rank:05d}.pt"
     torch.save(rng_state(), rng_file)
     _fsync(rng_file)
@@ -176,7 +178,7 @@ def load_checkpoint(
     tensors = _tensor_state(model, optimizer)
     single = _dist()[1] == 1
     with _dcp(single):
-        dcp.load(tensors, checkpoint_id=path, no_dist=single)  # raises naming any key the checkpoint lacks
+        dcp_load(tensors, checkpoint_id=path, no_dist=single)  # raises naming any key the checkpoint lacks
     if optimizer is None:
         set_model_state_dict(model, tensors["model"])
     else:
@@ -191,12 +193,12 @@ def load_checkpoint(
 def read_weights(root: str | Path, step: int) -> dict[str, torch.Tensor]:
     """The full (unsharded) model weights of a checkpoint on CPU, by parameter name; needs no process group."""
     path = step_dir(root, step)
-    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    meta = FileSystemReader(str(path)).read_metadata()
     want = {
         key: torch.empty(m.size, dtype=m.properties.dtype)
         for key, m in meta.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(m, TensorStorageMetadata)
     }
     with _dcp(True):
-        dcp.load(want, checkpoint_id=path, no_dist=True)
+        dcp_load(want, checkpoint_id=path, no_dist=True)
     return {key.removeprefix("model."): value for key, value in want.items()}

@@ -23,7 +23,7 @@ DEFAULT_CHUNK_TOKENS = 4096
 
 class _LinearCrossEntropySum(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -62,7 +62,7 @@ class _LinearCrossEntropySum(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight = ctx.saved_tensors
         has_h, has_w = ctx.has_grad
         scale_h = grad_hidden * grad_out.to(grad_hidden.dtype) if has_h else None

@@ -18,13 +18,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from workers.config import JobSpec, pretrained_config
-from workers.models import PretrainedLM, Transformer
+from workers.models import PretrainedLM, RingModel, Transformer
 from workers.models.hf import ATTN_NAME, register_ring_attention
 
 
@@ -33,11 +34,12 @@ def parameters_on_meta() -> Iterator[None]:
     """Every parameter registered inside goes to `meta`; buffers keep their real values."""
     register = nn.Module.register_parameter
 
-    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+    def on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:  # named as the method it replaces
         if param is not None and param.device.type != "meta":
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-        register(module, name, param)
+        register(self, name, param)
 
+    # mypy rejects assigning to a method on purpose; swapping it for this block is the point
     nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
     try:
         yield
@@ -45,7 +47,7 @@ def parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
-def skeleton(spec: JobSpec) -> nn.Module:
+def skeleton(spec: JobSpec) -> RingModel:
     """The job's model with parameters on `meta`, without activation checkpointing (`parallelize` adds it)."""
     m = spec.model
     with parameters_on_meta():
@@ -75,6 +77,8 @@ def materialize(model: nn.Module, spec: JobSpec, device: torch.device) -> None:
     if isinstance(model, Transformer):
         _init_native(model, spec.train.seed)
     elif isinstance(model, PretrainedLM):
+        if spec.model.kind != "hf":
+            raise TypeError(f"a pretrained model needs model.kind 'hf', not {spec.model.kind!r}")
         _load_pretrained_shards(model, str(spec.model.path))
     else:
         raise TypeError(f"cannot materialize a {type(model).__name__}")
@@ -107,7 +111,7 @@ def _init_native(model: Transformer, seed: int) -> None:
 
 
 def _load_pretrained_shards(model: PretrainedLM, path: str) -> None:
-    reader = dcp.HuggingFaceStorageReader(path)
+    reader = HuggingFaceStorageReader(path)
     on_disk = set(reader.read_metadata().state_dict_metadata)
     state: dict[str, Any] = {}
     for key, value in get_model_state_dict(model).items():
@@ -116,7 +120,7 @@ def _load_pretrained_shards(model: PretrainedLM, path: str) -> None:
             state[name] = value
         elif not _tied(model, name):
             raise ValueError(f"{path}: no weights for {name!r} in the safetensors files")
-    dcp.load(state, storage_reader=reader)
+    dcp_load(state, storage_reader=reader)
 
 
 def _tied(model: PretrainedLM, name: str) -> bool:

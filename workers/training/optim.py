@@ -57,7 +57,7 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
         return 0.0
-    total = torch.nn.utils.get_total_norm([p.grad for p in with_grad], 2.0, foreach=False)
+    total = torch.nn.utils.get_total_norm([p.grad for p in with_grad if p.grad is not None], 2.0, foreach=False)
     if isinstance(total, DTensor):
         total = total.full_tensor()  # collective: the norm over every rank's shards
     if max_norm > 0:
