@@ -136,9 +136,9 @@ class PretrainedLM(nn.Module):
         last = positions.max().detach().to(torch.int64).reshape(1)  # on the tokens' device: the backend's
         sp = self.state.sp
         if sp is not None and sp.world > 1:
-            for group in (sp.group, sp.ulysses_group):
-                if group is not None:
-                    dist.all_reduce(last, op=dist.ReduceOp.MAX, group=group)
+            dist.all_reduce(last, op=dist.ReduceOp.MAX, group=sp.group)  # None: the default group, as the ring
+            if sp.ulysses_group is not None:
+                dist.all_reduce(last, op=dist.ReduceOp.MAX, group=sp.ulysses_group)
         return int(last.item())
 
     def _append_global_last(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

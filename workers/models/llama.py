@@ -32,10 +32,11 @@ class SequenceParallel:
 
     @property
     def world(self) -> int:
-        """Ranks one sequence is spread over (ring × Ulysses)."""
+        """Ranks one sequence is spread over (ring × Ulysses). A ring `group` of None is the default group, as in
+        `ring_attention`."""
         if not (dist.is_available() and dist.is_initialized()):
             return 1
-        ring = dist.get_world_size(self.group) if self.group is not None else 1
+        ring = dist.get_world_size(self.group)
         return ring * (dist.get_world_size(self.ulysses_group) if self.ulysses_group is not None else 1)
 
     def attend(
