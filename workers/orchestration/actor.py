@@ -96,6 +96,7 @@ class RankActor:
         )
         import torch.distributed as dist
 
+        _pin_socket_interface(ray.util.get_node_ip_address())
         if dist.is_initialized():
             dist.destroy_process_group()
         dist.init_process_group(
@@ -168,6 +169,24 @@ class RankActor:
 
     def ping(self) -> bool:
         return True
+
+
+def _pin_socket_interface(node_ip: str) -> None:
+    """Make gloo and NCCL use the interface that carries this node's Ray address.
+
+    Unset, gloo binds to whatever the hostname resolves to, which is 127.0.0.1 in many containers (and in network
+    namespaces): peers on other hosts are then told to dial loopback and the rendezvous fails. An explicit
+    setting (a fast-links overlay's NCCL_SOCKET_IFNAME, say) is kept."""
+    import psutil
+
+    if os.environ.get("GLOO_SOCKET_IFNAME") and os.environ.get("NCCL_SOCKET_IFNAME"):
+        return
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == node_ip for a in addrs):
+            if name != "lo":
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+            return
 
 
 def remote_rank_actor(
