@@ -147,9 +147,11 @@ def test_two_rank_job_succeeds_and_metrics_arrive_in_order(harness: Harness) -> 
     steps = [p["step"] for p in job.points]
     assert steps == sorted(steps)
     names = Counter(p["name"] for p in job.points)
-    assert names["mem_peak_bytes"] == 16  # per rank, both ranks
-    assert {p["rank"] for p in job.points if p["name"] == "mem_peak_bytes"} == {0, 1}
-    assert all(p.get("rank") is None for p in job.points if p["name"] != "mem_peak_bytes")
+    per_rank = ("mem_peak_bytes", "state_bytes")
+    for name in per_rank:
+        assert names[name] == 16, name  # per rank, both ranks, every step
+        assert {p["rank"] for p in job.points if p["name"] == name} == {0, 1}
+    assert all(p.get("rank") is None for p in job.points if p["name"] not in per_rank)
     assert any("rank 1 →" in x["line"] for x in job.logs)  # driver log lines are forwarded
     assert (harness.tmp / "ok1").is_dir()  # per-job checkpoint dir under the configured root
 

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from workers.protocol import MetricPoint
+from workers.training.lease import Lease
 
 MAX_BUFFERED_POINTS = 100_000  # per rank; beyond this the oldest points are dropped rather than growing forever
 
@@ -112,7 +113,12 @@ class RankActor:
 
     # -- training ------------------------------------------------------------------------------------------------
     def train(
-        self, spec_json: str, checkpoint_dir: str | None, resume_step: int, max_steps: int | None = None
+        self,
+        spec_json: str,
+        checkpoint_dir: str | None,
+        resume_step: int,
+        max_steps: int | None = None,
+        lease: Lease | None = None,
     ) -> RankResult:
         """Run training from the checkpoint at `resume_step` (0: from scratch) to the end or until stopped.
         Exceptions propagate (the driver tells a dead peer from a raising rank)."""
@@ -131,6 +137,7 @@ class RankActor:
             device=torch.device(self._device),
             max_steps=max_steps,
             resume_step=resume_step,
+            lease=lease,
         )
         return RankResult(
             final_step=result.final_step,

@@ -46,6 +46,7 @@ from workers.orchestration.reservation import (
     wants_gpus,
 )
 from workers.protocol import DriverEnv, JobState
+from workers.training.lease import Lease
 
 log = logging.getLogger("ringtrain.driver")
 
@@ -76,13 +77,16 @@ class JobDriver:
         self.delivered = Delivered(self.spec.world_size, env.delivered_through)
         self.forwarder = MetricForwarder(reporter, self.delivered)
         self.gpu: bool | None = None  # decided at the first reservation, kept for every retry
+        self.lease: Lease | None = None  # this attempt's hold on the checkpoint directory (see `resume`)
         self._train_refs: list[Any] = []
 
     def cancelled(self) -> bool:
         return self.cancel.is_set()
 
     def resume(self) -> ResumePlan:
-        """Replay what the control plane lacks up to the newest checkpoint, and continue from that checkpoint."""
+        """Take the checkpoint directory (fencing off any cut-off ranks of earlier attempts), replay what the control
+        plane lacks up to the newest checkpoint, and continue from that checkpoint."""
+        self.lease = Lease.take(self.env.checkpoint_dir, f"d{self.env.attempt}-r{self.restarts}")
         plan = plan_resume(self.env.checkpoint_dir, self.delivered)
         log.info(
             "resuming from the checkpoint at step %d; replaying %d point(s) from the metrics journal "
@@ -195,7 +199,8 @@ class JobDriver:
     def _train(self, g: RankGroup, resume_step: int) -> RankResult:
         spec_json = self.spec.model_dump_json()
         refs = {
-            a.train.remote(spec_json, self.env.checkpoint_dir, resume_step): r for r, a in enumerate(g.ranked_actors())
+            a.train.remote(spec_json, self.env.checkpoint_dir, resume_step, lease=self.lease): r
+            for r, a in enumerate(g.ranked_actors())
         }
         self._train_refs = list(refs)
         pending = list(refs)

@@ -34,6 +34,7 @@ from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
 from workers.training.evals import passkey_accuracy
 from workers.training.journal import MetricJournal
+from workers.training.lease import Lease
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.materialize import materialize, skeleton
 from workers.training.memory import PeakMemory
@@ -84,8 +85,9 @@ class Trainer:
         emit: Emit,
         stop: threading.Event | None = None,
         device: torch.device | None = None,
+        lease: Lease | None = None,
     ) -> None:
-        self.spec, self.emit, self.stop = spec, emit, stop
+        self.spec, self.emit, self.stop, self.lease = spec, emit, stop, lease
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.device = device or default_device()
         if self.device.type == "cuda":
@@ -135,6 +137,7 @@ class Trainer:
     def save(self) -> None:
         if self.checkpoint_dir is None:
             return
+        self._fence()
         state = {
             "scheduler": self.scheduler.state_dict(),
             "data": self.data.state_dict(),
@@ -231,6 +234,11 @@ class Trainer:
         self.point("state_bytes", s.state_bytes, rank=self.mesh.rank)
 
     # -- the loop ------------------------------------------------------------------------------------------------
+    def _fence(self) -> None:
+        """Stop (raise `Fenced`) once a newer attempt owns the checkpoint directory (see `workers.training.lease`)."""
+        if self.lease is not None:
+            self.lease.check()
+
     def train(self, max_steps: int | None = None) -> TrainResult:
         """Train to `max_steps` (an absolute step; the schedule still follows spec.train.steps) or spec.train.steps.
 
@@ -243,6 +251,7 @@ class Trainer:
             self.memory.reset()
             stats = self.train_step()
             stopped = stats.stop_requested
+            self._fence()  # before this step's points reach the journal
             self.report(stats)
             # Evaluate before checkpointing: a checkpoint at step k then implies every point of step k was emitted.
             if spec.eval.every_steps and self.step % spec.eval.every_steps == 0:
@@ -256,6 +265,7 @@ class Trainer:
         if self.step != saved_at:
             self.save()
         if self.step >= spec.train.steps:
+            self._fence()
             self.export()
         if self.journal is not None:
             self.journal.close()
@@ -273,11 +283,13 @@ def run_training(
     device: torch.device | None = None,
     max_steps: int | None = None,
     resume_step: int | None = None,
+    lease: Lease | None = None,
 ) -> TrainResult:
     """Set up, resume and train; collective over all ranks.
 
     `resume_step`: the checkpoint to continue from (0: from scratch); None: the newest one in `checkpoint_dir`.
+    `lease`: the attempt's hold on `checkpoint_dir` (the Ray driver's fencing); None: no other writer can exist.
     """
-    trainer = Trainer(spec, checkpoint_dir=checkpoint_dir, emit=emit, stop=stop, device=device)
+    trainer = Trainer(spec, checkpoint_dir=checkpoint_dir, emit=emit, stop=stop, device=device, lease=lease)
     trainer.load(trainer.latest_checkpoint() if resume_step is None else resume_step)
     return trainer.train(max_steps)
