@@ -76,6 +76,12 @@ class RecordingLauncher:
             return next(r for r in reversed(self.submits) if r.job_id == job_id)
 
 
+def roomy_launcher() -> RecordingLauncher:
+    """A recording launcher whose cluster holds thousands of tiny jobs. Its drivers never finish, so a test that
+    creates many jobs on the default two 8-CPU nodes sees all but the first few held QUEUED by admission."""
+    return RecordingLauncher(nodes=[NodeInfo("node-big", "10.0.0.9", True, 100_000, 100_000, 0, 0)])
+
+
 class Server:
     """A real uvicorn server running `create_app(settings, launcher)` in a thread."""
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.api_harness import Driver, RecordingLauncher, Server, make_settings, wait_for
+from tests.api_harness import Driver, Server, make_settings, roomy_launcher, wait_for
 from tests.browser_fixtures import (
     ALICE,
     ARTIFACTS,
@@ -48,7 +48,7 @@ HTTP_4XX = r"Failed to load resource: the server responded with a status of {}"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("dash")
-    srv = Server(make_settings(tmp), RecordingLauncher())
+    srv = Server(make_settings(tmp), roomy_launcher())
     srv.start()
     try:
         yield srv

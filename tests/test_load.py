@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from api.client import parse_sse
-from tests.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for
+from tests.api_harness import ALICE, TINY_SPEC, Driver, roomy_launcher, running, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -30,7 +30,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def test_submits_while_streaming(tmp_path: Path) -> None:
-    with running(tmp_path) as srv:
+    with running(tmp_path, roomy_launcher()) as srv:
         c = srv.client()
         followed = c.post("/v1/jobs", json={**TINY_SPEC, "name": "followed", "train": {"steps": 100000}}).json()["id"]
         d = Driver(srv, followed)

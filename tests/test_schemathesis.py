@@ -17,7 +17,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.app import create_app
-from tests.api_harness import ALICE, TINY_SPEC, Driver, RecordingLauncher, make_settings, running
+from tests.api_harness import ALICE, TINY_SPEC, Driver, RecordingLauncher, make_settings, roomy_launcher, running
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory: pytest.TempPathFactory):
-    with running(tmp_path_factory.mktemp("schemathesis")) as srv:
+    with running(tmp_path_factory.mktemp("schemathesis"), roomy_launcher()) as srv:
         yield srv
 
 

@@ -87,27 +87,38 @@ async def list_job_artifacts(job_id: JobId, ctx: Ctx, owner: Owner) -> ArtifactL
     )
 
 
+def _download_owner(
+    request: Request,
+    ctx: Ctx,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    # Plain strings, checked here: a malformed signed link is an invalid credential (401), never a 422.
+    expires: Annotated[str | None, Query(description="expiry of a signed link (unix seconds)")] = None,
+    sig: Annotated[str | None, Query(description="signature of a signed link")] = None,
+) -> str | None:
+    """Who downloads: the owner's token, or None for a valid signed link. A dependency, so that like every secured
+    route it answers 401 before the path is validated (a bad job id without credentials is still a 401)."""
+    if sig is None or expires is None:
+        return current_owner(request=request, ctx=ctx, creds=creds)
+    job_id, path = request.path_params.get("job_id", ""), request.path_params.get("path", "")
+    when = int(expires) if expires.isascii() and expires.isdigit() and len(expires) <= 18 else -1
+    expected = sign(str(job_id), str(path), when).encode() if when >= 0 else b""
+    if when < time.time() or not hmac.compare_digest(sig.encode()[:256], expected):
+        raise ApiError(401, "this download link is invalid or expired; list the artifacts again for a new one")
+    return None
+
+
 @router.get(
     "/{job_id}/artifacts/{path:path}",
     response_class=FileResponse,
     responses={**ERRORS, 206: {"description": "the requested byte range"}, 416: {"description": "bad range"}},
 )
 async def download_artifact(
-    job_id: JobId,
-    path: str,
-    request: Request,
-    ctx: Ctx,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    expires: Annotated[int | None, Query(ge=0, le=2**62, description="expiry of a signed link")] = None,
-    sig: Annotated[str | None, Query(max_length=128, description="signature of a signed link")] = None,
+    job_id: JobId, path: str, ctx: Ctx, owner: Annotated[str | None, Depends(_download_owner)]
 ) -> FileResponse:
     """One file of the exported model, streamed (HTTP Range supported). Owner's token or a signed link."""
-    if sig is not None and expires is not None:
-        if expires < time.time() or not hmac.compare_digest(sig, sign(job_id, path, expires)):
-            raise ApiError(401, "this download link is invalid or expired; list the artifacts again for a new one")
+    if owner is None:  # a signed link names its job and file itself
         job = await asyncio.to_thread(ctx.store.get_job, job_id)
     else:
-        owner = current_owner(request=request, ctx=ctx, creds=creds)
         job = await asyncio.to_thread(ctx.store.get_job, job_id, owner)
     try:
         file = await asyncio.to_thread(resolve_artifact, model_dir(ctx.settings.checkpoint_dir, job_id), path)
