@@ -478,14 +478,14 @@ TRAIN_CHILD = textwrap.dedent("""
     from workers.config import JobSpec
     from workers.training.trainer import run_training
     spec = JobSpec.model_validate_json(sys.argv[1]); root = sys.argv[2]; pause_at = int(sys.argv[3])
-    real = ck.dcp.save
+    real = ck.dcp_save
     def save(state, *, checkpoint_id, **kw):  # DCP writes the shards, then hang before the completion marker
         out = real(state, checkpoint_id=checkpoint_id, **kw)
         if str(checkpoint_id).endswith(f"step-{pause_at:06d}"):
             open(os.path.join(root, "PAUSED"), "w").close()
             time.sleep(600)
         return out
-    ck.dcp.save = save
+    ck.dcp_save = save
     emit = lambda p: print(json.dumps(p.model_dump()), flush=True)
     r = run_training(spec, checkpoint_dir=root, emit=emit)
     print(json.dumps({"resumed_from": r.resumed_from, "final_step": r.final_step}), flush=True)
