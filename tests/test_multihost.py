@@ -106,10 +106,10 @@ class NetCluster:
             RAY_USAGE_STATS_ENABLED="0",
             PYTHONPATH=str(ROOT),
             PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
-            # gloo picks its address from the hostname, which every namespace shares and which resolves to loopback
-            # here (as in many containers): without this, ranks on different hosts dial each other at 127.0.0.1
-            GLOO_SOCKET_IFNAME="eth0",
         )
+        # No GLOO_SOCKET_IFNAME: the hostname every namespace shares resolves to loopback here (as in many
+        # containers), so this also checks that rank actors pin gloo to the interface of their node's Ray address.
+        env.pop("GLOO_SOCKET_IFNAME", None)
         return env
 
     def start(self, name: str) -> None:
@@ -330,8 +330,15 @@ def nothing_left(nc: NetCluster, jid: str) -> None:
 
 
 def running_across(c: httpx.Client, nc: NetCluster, jid: str, ring: int) -> dict[str, Any]:
-    job = wait_job(c, jid, lambda j: j["state"] == "RUNNING" and len(j["placement"]) == ring, 240, "RUNNING")
-    return job
+    try:
+        return wait_job(c, jid, lambda j: j["state"] == "RUNNING" and len(j["placement"]) == ring, 240, "RUNNING")
+    except AssertionError as e:  # add the driver's own log, read from the head (the control plane may have none)
+        log = ""
+        with contextlib.suppress(Exception):
+            sid = get_job(c, jid).get("submission_id") or f"ringtrain-{jid}-0"
+            r = httpx.get(f"{nc.jobs_url}/api/jobs/{sid}/logs", headers=nc.headers, timeout=10)
+            log = str(r.json().get("logs", ""))[-4000:]
+        raise AssertionError(f"{e}\n--- driver log (tail) ---\n{log}") from None
 
 
 # -- 1. a ring of 4 across two hosts; one host is lost and comes back ------------------------------------------------
