@@ -20,28 +20,19 @@ import torch
 
 from workers.data.batch import Batch
 from workers.data.passkey import sample_generator
-from workers.data.text import _documents
+from workers.data.text import read_documents
 from workers.data.tokenizer import ByteTokenizer, Tokenizer
 
 
 def load_documents(path: str | Path, text_field: str, tokenizer: Tokenizer) -> list[np.ndarray]:
     """Every document of a file (or of every .txt/.jsonl/.parquet under a directory, sorted), tokenized,
     each closed by eos."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"corpus {path} does not exist")
-    files = (
-        sorted(p for p in path.rglob("*") if p.suffix.lower() in (".txt", ".jsonl", ".parquet"))
-        if path.is_dir()
-        else [path]
-    )
     eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
     docs = []
-    for f in files:
-        for raw in _documents(f, text_field):
-            ids = tokenizer.encode(raw.decode("utf-8", errors="replace")) + eos
-            if ids:
-                docs.append(np.asarray(ids, dtype=np.int64))
+    for raw in read_documents(path, text_field):
+        ids = tokenizer.encode(raw.decode("utf-8", errors="replace")) + eos
+        if ids:
+            docs.append(np.asarray(ids, dtype=np.int64))
     return docs
 
 

@@ -44,11 +44,8 @@ def _documents(path: Path, text_field: str) -> list[bytes]:
     return [path.read_bytes()]  # .txt and anything else: raw bytes
 
 
-def load_corpus(path: str | Path, text_field: str = "text", tokenizer: Tokenizer | None = None) -> np.ndarray:
-    """One flat token array for a file, or for every .txt/.jsonl/.parquet in a directory (sorted).
-
-    Bytes (uint8) without a tokenizer or with ByteTokenizer; otherwise int32 ids of `tokenizer`.
-    """
+def read_documents(path: str | Path, text_field: str = "text") -> list[bytes]:
+    """The raw documents of a file, or of every .txt/.jsonl/.parquet under a directory (sorted)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus {path} does not exist")
@@ -57,7 +54,15 @@ def load_corpus(path: str | Path, text_field: str = "text", tokenizer: Tokenizer
         if path.is_dir()
         else [path]
     )
-    docs = [d for f in files for d in _documents(f, text_field)]
+    return [d for f in files for d in _documents(f, text_field)]
+
+
+def load_corpus(path: str | Path, text_field: str = "text", tokenizer: Tokenizer | None = None) -> np.ndarray:
+    """One flat token array for a file, or for every .txt/.jsonl/.parquet in a directory (sorted).
+
+    Bytes (uint8) without a tokenizer or with ByteTokenizer; otherwise int32 ids of `tokenizer`.
+    """
+    docs = read_documents(path, text_field)
     if tokenizer is None or isinstance(tokenizer, ByteTokenizer):
         joined = bytes([DOC_SEPARATOR]).join(docs)
         return np.frombuffer(joined, dtype=np.uint8)
