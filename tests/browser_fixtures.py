@@ -50,6 +50,15 @@ class PageErrors:
         return [m for m in self.messages if not any(p.search(m) for p in self.allowed)]
 
 
+def capture_errors(pg: Any) -> PageErrors:
+    """Collect the page's console errors and uncaught exceptions (as `pg.errors`) for a test to fail on."""
+    errs = PageErrors()
+    pg.on("console", lambda m: errs.messages.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errs.messages.append(f"pageerror: {e}"))
+    pg.errors = errs
+    return errs
+
+
 def shot(page: Any, name: str, full_page: bool = True) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     p = ARTIFACTS / f"{name}.png"

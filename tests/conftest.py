@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,24 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("PYTHONPATH", str(ROOT))
 
 from tests.ray_fixtures import ray_head, report_receiver  # noqa: E402, F401  (session Ray head, report receiver)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's headless Chromium through Playwright, one per test module; skips only where the binary is missing."""
+    from tests.browser_fixtures import CHROMIUM, CHROMIUM_ARGS, chromium_missing
+
+    why = chromium_missing()
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -21,7 +21,15 @@ import pytest
 
 from tests.api_harness import ALICE, Driver, Server, make_settings, wait_for
 from tests.api_harness import RecordingLauncher as Launcher
-from tests.browser_fixtures import CHROMIUM, CHROMIUM_ARGS, TOKEN_KEY, PageErrors, chromium_missing, create_job, shot
+from tests.browser_fixtures import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    TOKEN_KEY,
+    capture_errors,
+    chromium_missing,
+    create_job,
+    shot,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -82,10 +90,7 @@ def page(jobs: Any) -> Iterator[Any]:
         ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
         ctx.add_init_script(f"localStorage.setItem({json.dumps(TOKEN_KEY)}, {json.dumps(ALICE)})")
         pg = ctx.new_page()
-        errs = PageErrors()
-        pg.on("console", lambda m: errs.messages.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
-        pg.on("pageerror", lambda e: errs.messages.append(f"pageerror: {e}"))
-        pg.errors = errs
+        errs = capture_errors(pg)
         try:
             yield pg
             assert not errs.unexpected(), f"page errors: {errs.unexpected()}"

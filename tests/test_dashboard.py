@@ -20,13 +20,11 @@ from tests.api_harness import Driver, Server, make_settings, roomy_launcher, wai
 from tests.browser_fixtures import (
     ALICE,
     ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     TOKEN_KEY,
     Feeder,
     FeederError,
     PageErrors,
-    chromium_missing,
+    capture_errors,
     create_job,
     shot,
     start_running,
@@ -56,21 +54,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         srv.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    why = chromium_missing()
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 @pytest.fixture
 def page(browser: Any, server: Server, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A fresh page with ALICE's token already stored; parametrize indirectly with {"token": False} to start
@@ -80,10 +63,7 @@ def page(browser: Any, server: Server, request: pytest.FixtureRequest) -> Iterat
     if opts["token"]:
         ctx.add_init_script(f"localStorage.setItem({json.dumps(TOKEN_KEY)}, {json.dumps(ALICE)})")
     pg = ctx.new_page()
-    errs = PageErrors()
-    pg.on("console", lambda m: errs.messages.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
-    pg.on("pageerror", lambda e: errs.messages.append(f"pageerror: {e}"))
-    pg.errors = errs
+    errs = capture_errors(pg)
     try:
         yield pg
         bad = errs.unexpected()

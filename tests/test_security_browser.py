@@ -17,11 +17,8 @@ import pytest
 from tests.api_harness import RecordingLauncher, Server, make_settings
 from tests.browser_fixtures import (
     ALICE,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     TOKEN_KEY,
     PageErrors,
-    chromium_missing,
     create_job,
     shot,
     start_running,
@@ -52,21 +49,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield srv
     finally:
         srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    why = chromium_missing()
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 class Watched:
