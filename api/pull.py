@@ -44,11 +44,8 @@ def local_path(dest: Path, name: str) -> Path:
 
 
 def _hash_of(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def pull_file(

@@ -25,7 +25,6 @@ log = logging.getLogger("ringtrain.artifacts")
 
 MODEL_DIR = "model"
 MANIFEST = "model.manifest.json"
-_CHUNK = 1 << 20
 
 
 class ArtifactNotFound(LookupError):
@@ -50,11 +49,8 @@ def model_dir(checkpoint_dir: str | Path, job_id: str) -> Path:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 _locks: dict[str, threading.Lock] = {}
