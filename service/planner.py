@@ -130,7 +130,7 @@ def suggest_split(spec: JobSpec, nodes: list[NodeInfo]) -> dict[str, int] | None
     a node (its all-to-all is latency-bound), divides the sequence group and suits the heads; the ring covers the
     rest across nodes. None when the model's heads are unknown."""
     m, p = spec.model, spec.parallel
-    if m.kind != "native" and "hf_config" not in m.__dict__:
+    if not m.shape_known:
         return None
     group = p.ring_size * p.ulysses_size
     per_node = max((int(n.gpus_total) for n in nodes), default=0)

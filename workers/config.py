@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -53,6 +53,8 @@ class ModelConfig(StrictModel):
     rope_theta: float = Field(10000.0, gt=1, le=1e9)
     norm_eps: float = Field(1e-5, gt=0, le=1e-1)
     tie_embeddings: bool = True
+
+    shape_known: ClassVar[bool] = True  # the native model's sizes are the spec's own fields
 
     @property
     def kv_heads(self) -> int:
@@ -264,6 +266,11 @@ class HFModelConfig(StrictModel):
                 _fail("path", self.path, "attention_dropout must be 0 (ring attention has no dropout)")
         return self
 
+    @property
+    def shape_known(self) -> bool:
+        """Whether config.json was read (it is not under SKIP_FILE_CHECKS): the size properties need it."""
+        return "hf_config" in self.__dict__
+
     @cached_property
     def hf_config(self) -> dict[str, Any]:
         """config.json with the spec's overrides applied, RoPE in transformers' `rope_parameters` form (read once)."""
@@ -472,7 +479,7 @@ class JobSpec(StrictModel):
     def _pretrained_fits(self) -> JobSpec:
         """A pretrained model's attention must be what the ring computes: full causal, heads split as asked."""
         m = self.model
-        if m.kind != "hf" or "hf_config" not in m.__dict__:  # files not read (SKIP_FILE_CHECKS)
+        if m.kind != "hf" or not m.shape_known:
             return self
         window = m.sliding_window()
         longest = max([self.data.seq_len, *self.eval_context_lengths()])
@@ -504,8 +511,7 @@ class JobSpec(StrictModel):
                 f"with parallel.ring_size={p.ring_size}"
                 + (f" and parallel.ulysses_size={p.ulysses_size}" if p.ulysses_size > 1 else ""),
             )
-        heads_known = self.model.kind == "native" or "hf_config" in self.model.__dict__  # not under SKIP_FILE_CHECKS
-        if heads_known and (why := ulysses_heads_problem(self.model, p.ulysses_size)):
+        if self.model.shape_known and (why := ulysses_heads_problem(self.model, p.ulysses_size)):
             _fail("parallel.ulysses_size", p.ulysses_size, why)
         if self.train.batch_size % p.data_parallel:
             _fail(
