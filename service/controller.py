@@ -94,6 +94,9 @@ class Controller:
     async def schedule_once(self) -> None:
         """Admit what fits from the queue, and hand each admitted job without a driver to the launcher; each
         submission is its own task, so one job's back-off delays no other."""
+        # Taken before the read: a submission that ends (and leaves `_submitting`) while the store is read shows
+        # up there without its submission id, and must not be handed to the launcher a second time.
+        in_flight = set(self._submitting)
         active = await asyncio.to_thread(self.store.active_jobs)
         alive = {j.id for j in active}
         for cache in (self._specs, self._too_big_since):
@@ -101,7 +104,7 @@ class Controller:
                 del cache[jid]
         queued: list[Job] = []
         for job in active:
-            if job.submission_id is not None or job.cancel_requested or job.id in self._submitting:
+            if job.submission_id is not None or job.cancel_requested or job.id in in_flight | self._submitting.keys():
                 continue
             if job.state == JobState.QUEUED.value:
                 queued.append(job)

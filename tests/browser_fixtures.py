@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,26 @@ class Feeder:
 
 class FeederError(AssertionError):
     """The feeder could not deliver a step: the dashboard under test was not being fed."""
+
+
+def wait_js(page: Any, expression: str, arg: Any = None, timeout: float = 30000) -> Any:
+    """Poll a JavaScript expression (or function of `arg`) until it is truthy; return its value.
+
+    Playwright's `wait_for_function` compiles the predicate with `eval` inside the page, which the dashboard's CSP
+    (`script-src 'self'`, no 'unsafe-eval') refuses as soon as the predicate is not already true on its first
+    try. Each `page.evaluate` is a fresh DevTools evaluation that the CSP does not apply to, so this polls from
+    Python instead. An evaluation that throws (the page is navigating, an element is not there yet) counts as
+    not-yet; the last error is in the timeout's message."""
+    deadline = time.monotonic() + timeout / 1000
+    last: str = "never evaluated"
+    while True:
+        try:
+            value = page.evaluate(expression, arg)
+            if value:
+                return value
+            last = f"last value {value!r}"
+        except Exception as e:  # playwright.sync_api.Error: context destroyed by a reload, TypeError in the page
+            last = f"last error {type(e).__name__}: {str(e)[:300]}"
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{expression!r} not true within {timeout / 1000:g} s ({last})")
+        time.sleep(0.05)

@@ -29,6 +29,7 @@ from tests.browser_fixtures import (
     chromium_missing,
     create_job,
     shot,
+    wait_js,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
@@ -103,7 +104,7 @@ def test_compare_overlays_jobs_and_lists_spec_differences(jobs: Any, page: Any) 
     page.goto(f"{srv.url}/#/compare")
     for job in made:
         page.locator(f'#compare-jobs input[data-job-id="{job["id"]}"]').check()
-    page.wait_for_function("window.__ringtrain.compare && window.__ringtrain.compare.jobs.length === 3")
+    wait_js(page, "window.__ringtrain.compare && window.__ringtrain.compare.jobs.length === 3")
     state = page.evaluate("window.__ringtrain.compare")
     assert state["metric"] == "loss"
     assert [(j["id"], j["points"]) for j in state["jobs"]] == [(j["id"], j["points"]) for j in made]
@@ -124,11 +125,11 @@ def test_compare_overlays_jobs_and_lists_spec_differences(jobs: Any, page: Any) 
     assert "#/compare?ids=" + ",".join(j["id"] for j in made) in page.url
     shot(page, "compare-loss")
     page.reload()  # the link restores the comparison
-    page.wait_for_function("window.__ringtrain.compare && window.__ringtrain.compare.jobs.length === 3")
+    wait_js(page, "window.__ringtrain.compare && window.__ringtrain.compare.jobs.length === 3")
     assert page.locator("#compare-jobs input:checked").count() == 3
 
     page.select_option("#compare-metric", "mem_peak_bytes")  # per rank: the mean over ranks, one line per job
-    page.wait_for_function("window.__ringtrain.compare.metric === 'mem_peak_bytes'")
+    wait_js(page, "window.__ringtrain.compare.metric === 'mem_peak_bytes'")
     state = page.evaluate("window.__ringtrain.compare")
     assert [j["points"] for j in state["jobs"]] == [j["points"] for j in made]
     last = page.locator("#spec-diff-table tr.final td").all_inner_texts()
@@ -136,7 +137,7 @@ def test_compare_overlays_jobs_and_lists_spec_differences(jobs: Any, page: Any) 
     shot(page, "compare-mem")
 
     page.locator(f'#compare-jobs input[data-job-id="{made[2]["id"]}"]').uncheck()
-    page.wait_for_function("window.__ringtrain.compare.jobs.length === 2")
+    wait_js(page, "window.__ringtrain.compare.jobs.length === 2")
     assert page.locator('#spec-diff-table tr[data-param="parallel.ring_size"]').count() == 0
 
 

@@ -29,6 +29,7 @@ from tests.browser_fixtures import (
     shot,
     start_running,
     step_items,
+    wait_js,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
@@ -107,7 +108,8 @@ def test_jobs_list_live_and_filter(page: Any, server: Any) -> None:
     first_loss = row.locator("td.loss").inner_text()
     # live: new points arrive, the row updates without a reload
     d.post(step_items(d, 10, loss=1.2345))
-    page.wait_for_function(
+    wait_js(
+        page,
         "id => document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.235'"
         " || document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.234'",
         arg=running["id"],
@@ -118,7 +120,7 @@ def test_jobs_list_live_and_filter(page: Any, server: Any) -> None:
     shot(page, "dashboard-jobs")
     # filter by state
     page.select_option("#state-filter", "RUNNING")
-    page.wait_for_function("() => location.hash === '#/jobs?state=RUNNING'")
+    wait_js(page, "() => location.hash === '#/jobs?state=RUNNING'")
     page.locator(f"tr[data-job-id='{running['id']}']").wait_for()
     wait_for(lambda: page.locator(f"tr[data-job-id='{queued['id']}']").count() == 0, timeout=5)
     assert all(
@@ -160,14 +162,14 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     d.post([*cells, d.item("log", source="rank-0", line="eval passkey: 0.75")])
     goto(page, server, f"#/jobs/{job['id']}")
     loss = page.locator("#chart-loss")
-    page.wait_for_function("() => Number(document.querySelector('#chart-loss')?.dataset.points) >= 20")
+    wait_js(page, "() => Number(document.querySelector('#chart-loss')?.dataset.points) >= 20")
     # the ring: 4 ranks on 2 nodes, 2 node crossings, devices shown
     page.locator("#ring svg .rank").nth(3).wait_for()
     assert page.locator("#ring svg .rank").count() == 4
     assert page.locator("#ring svg").get_attribute("data-crossings") == "2"
     assert page.locator("#ring svg .edge.cross").count() == 2
     assert "cuda:1" in page.locator("#ring svg").inner_html()
-    page.wait_for_function("() => document.querySelector('#ring svg .sub')?.textContent.includes('GiB')")
+    wait_js(page, "() => document.querySelector('#ring svg .sub')?.textContent.includes('GiB')")
     # the passkey grid
     grid = page.locator("#passkey-grid")
     grid.wait_for()
@@ -176,8 +178,8 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     # live points are appended while the job runs (no re-fetch)
     before = int(loss.get_attribute("data-points"))
     with Feeder(d, start=20, every_s=0.1):
-        page.wait_for_function(
-            f"() => Number(document.querySelector('#chart-loss').dataset.points) >= {before + 10}", timeout=10000
+        wait_js(
+            page, f"() => Number(document.querySelector('#chart-loss').dataset.points) >= {before + 10}", timeout=10000
         )
     after = int(loss.get_attribute("data-points"))
     assert after >= before + 10
@@ -190,13 +192,13 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     # a retry: points after the resume step are superseded, the timeline says why
     r = d.state("RETRYING", reason="rank 2 died (node-b lost)", resume_step=15)
     assert r.status_code == 200, r.text
-    page.wait_for_function("() => Number(document.querySelector('#chart-loss').dataset.points) === 16")
+    wait_js(page, "() => Number(document.querySelector('#chart-loss').dataset.points) === 16")
     d.state("RUNNING", reason="re-placed 4 ranks; resumed from step 15")
     page.locator("#timeline li[data-to='RETRYING']").wait_for()
     assert "rank 2 died" in page.locator("#timeline").inner_text()
     assert "resuming from step 15" in page.locator("#timeline").inner_text()
     d.post([d.item("log", source="driver", line="resumed at step 15")])
-    page.wait_for_function("() => document.querySelector('#logs').textContent.includes('resumed at step 15')")
+    wait_js(page, "() => document.querySelector('#logs').textContent.includes('resumed at step 15')")
     shot(page, "dashboard-job")
     # cancel, with confirmation; "Keep running" first
     page.click("#cancel-button")
@@ -205,9 +207,9 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     assert page.locator("#job-state").inner_text() == "RUNNING"
     page.click("#cancel-button")
     page.click("#confirm-yes")
-    page.wait_for_function("() => document.querySelector('#cancel-button').disabled")
+    wait_js(page, "() => document.querySelector('#cancel-button').disabled")
     wait_for(lambda: server.launcher.stops, timeout=10)
-    page.wait_for_function("() => document.querySelector('#job-state')?.textContent === 'CANCELLED'", timeout=15000)
+    wait_js(page, "() => document.querySelector('#job-state')?.textContent === 'CANCELLED'", timeout=15000)
     assert page.locator("#timeline li[data-to='CANCELLED']").count() == 1
     shot(page, "dashboard-job-cancelled")
 
@@ -232,9 +234,9 @@ def test_job_page_dark_failed(browser: Any, server: Any) -> None:
         pg.locator(".alert pre").wait_for()
         assert "NCCL timeout" in pg.locator(".alert pre").inner_text()
         assert pg.locator("#cancel-button").is_disabled()
-        pg.wait_for_function("() => Number(document.querySelector('#chart-loss')?.dataset.points) === 5")
+        wait_js(pg, "() => Number(document.querySelector('#chart-loss')?.dataset.points) === 5")
         pg.locator("#ring svg .rank").nth(3).wait_for()
-        pg.wait_for_function("() => document.querySelector('#logs').textContent.includes('NCCL timeout')")
+        wait_js(pg, "() => document.querySelector('#logs').textContent.includes('NCCL timeout')")
         bg = pg.evaluate("getComputedStyle(document.documentElement).backgroundColor")
         assert bg != "rgb(247, 248, 250)", bg  # the dark palette is in use
         shot(pg, "dashboard-job-failed-dark")
@@ -278,7 +280,7 @@ def test_submit_plan_and_field_error(page: Any, server: Any) -> None:
     # fixed: submit creates the job and opens its page
     editor.fill(editor.input_value().replace("\nfoo: 1", "").replace("steps: 200", "steps: 30"))
     page.click("#submit-button")
-    page.wait_for_function("() => location.hash.startsWith('#/jobs/')")
+    wait_js(page, "() => location.hash.startsWith('#/jobs/')")
     page.locator("#job-title").wait_for()
     assert "passkey-16k" in page.locator("#job-title").inner_text()
 
@@ -302,7 +304,7 @@ def test_100k_points_render_time(page: Any, server: Any) -> None:
         assert r.status_code == 200, r.text
     t1 = time.perf_counter()
     goto(page, server, f"#/jobs/{job['id']}")
-    page.wait_for_function("() => (window.__ringtrain?.renders || []).some(r => r.chart === 'loss')", timeout=30000)
+    wait_js(page, "() => (window.__ringtrain?.renders || []).some(r => r.chart === 'loss')", timeout=30000)
     load_s = time.perf_counter() - t1
     snap = page.evaluate("window.__ringtrain.snapshots[0]")
     server_render = page.evaluate("window.__ringtrain.renders.find(r => r.chart === 'loss')")
@@ -413,18 +415,16 @@ def test_real_ray_job_live_and_cancel(browser: Any, tmp_path: Path, request: pyt
             },
         )
         pg.goto(f"{srv.url}/#/jobs/{job['id']}")
-        pg.wait_for_function("() => Number(document.querySelector('#chart-loss')?.dataset.points) >= 2", timeout=150000)
+        wait_js(pg, "() => Number(document.querySelector('#chart-loss')?.dataset.points) >= 2", timeout=150000)
         first = int(pg.locator("#chart-loss").get_attribute("data-points"))
-        pg.wait_for_function(
-            f"() => Number(document.querySelector('#chart-loss').dataset.points) > {first}", timeout=30000
-        )
+        wait_js(pg, f"() => Number(document.querySelector('#chart-loss').dataset.points) > {first}", timeout=30000)
         pg.locator("#ring svg .rank").nth(1).wait_for()
         assert pg.locator("#ring svg .rank").count() == 2
         assert pg.locator("#job-state").inner_text() == "RUNNING"
         shot(pg, "dashboard-ray-job")
         pg.click("#cancel-button")
         pg.click("#confirm-yes")
-        pg.wait_for_function("() => document.querySelector('#job-state')?.textContent === 'CANCELLED'", timeout=90000)
+        wait_js(pg, "() => document.querySelector('#job-state')?.textContent === 'CANCELLED'", timeout=90000)
         assert not errs.unexpected(), errs.unexpected()
     finally:
         ctx.close()

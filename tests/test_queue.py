@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,17 @@ import pytest
 
 from api.cli import main
 from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest, NodeInfo
-from tests.api_harness import ALICE, BOB, TINY_SPEC, RecordingLauncher, Server, make_settings, running, wait_for
+from tests.api_harness import (
+    ALICE,
+    BOB,
+    TINY_SPEC,
+    RecordingLauncher,
+    Server,
+    make_settings,
+    roomy_launcher,
+    running,
+    wait_for,
+)
 
 CAROL = "carol-token-0123456789"
 TOKENS3 = {ALICE: "alice", BOB: "bob", CAROL: "carol"}
@@ -341,3 +352,30 @@ class SimHold:
 
     def frees_after_release(self) -> list[float]:
         return [f for f in self.sim.frees if f >= self.released_at]
+
+
+def test_a_submission_that_ends_while_the_scheduler_reads_the_store_is_handed_over_once(tmp_path: Path) -> None:
+    """Regression (seen under CI load in tests/test_load.py): a scheduler pass read the active jobs, a submission
+    that pass did not know had ended finished meanwhile, and the stale row (no submission id yet) sent the job to
+    the launcher a second time. Here the store read and the launcher are slowed — real parts, made slow — so the
+    submissions end while reads are in flight on every pass."""
+    with running(tmp_path, roomy_launcher()) as srv:
+        store, launcher = srv.app.state.ctx.store, srv.launcher
+        read, submit = store.active_jobs, launcher.submit
+
+        def slow_read() -> Any:
+            jobs = read()
+            time.sleep(0.2)
+            return jobs
+
+        def slow_submit(req: LaunchRequest) -> str:
+            time.sleep(0.1)
+            return submit(req)
+
+        store.active_jobs, launcher.submit = slow_read, slow_submit
+        ids = [srv.client().post("/v1/jobs", json={**TINY_SPEC, "name": f"race-{i}"}).json()["id"] for i in range(4)]
+        wait_for(lambda: len(launcher.submits) >= len(ids), timeout=30)
+        time.sleep(1.5)  # several more passes: a second hand-over would show
+        with launcher.lock:
+            handed = Counter(r.job_id for r in launcher.submits)
+        assert handed == dict.fromkeys(ids, 1)

@@ -23,6 +23,7 @@ from tests.browser_fixtures import (
     shot,
     start_running,
     step_items,
+    wait_js,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
@@ -109,15 +110,16 @@ def test_every_page_runs_without_csp_violations(watched: Watched, server: Server
     page.goto(f"{server.url}/#/jobs")
     page.locator("#jobs-table").wait_for()
     # the running job's bar (step 11 of 100): its width is set through the CSSOM, not a style attribute
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('.progress .bar > span')].some((s) => parseFloat(s.style.width) === 11)"
+    wait_js(
+        page,
+        "() => [...document.querySelectorAll('.progress .bar > span')].some((s) => parseFloat(s.style.width) === 11)",
     )
     # a token left in localStorage by an older dashboard moved to this tab's session storage
     assert page.evaluate(f"sessionStorage.getItem({json.dumps(TOKEN_KEY)})") == ALICE
     assert page.evaluate(f"localStorage.getItem({json.dumps(TOKEN_KEY)})") is None
 
     page.goto(f"{server.url}/#/jobs/{running['id']}")
-    page.wait_for_function("() => Number(document.querySelector('#chart-loss')?.dataset.points) === 12")
+    wait_js(page, "() => Number(document.querySelector('#chart-loss')?.dataset.points) === 12")
     page.locator("#ring .swatch").first.wait_for()
     page.locator("#passkey-grid td").first.wait_for()
     bg = page.evaluate("getComputedStyle(document.querySelector('#passkey-grid td')).backgroundColor")
@@ -129,8 +131,10 @@ def test_every_page_runs_without_csp_violations(watched: Watched, server: Server
     assert "job.create by alice from 127.0.0.1" in page.locator("#timeline").inner_text()
     page.click("#cancel-button")
     page.click("#confirm-yes")
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('#timeline li.audit')].some((li) => li.textContent.includes('job.cancel'))"
+    wait_js(
+        page,
+        "() => [...document.querySelectorAll('#timeline li.audit')]"
+        ".some((li) => li.textContent.includes('job.cancel'))",
     )
     shot(page, "security-csp-job")
 
@@ -178,7 +182,7 @@ def test_planted_inline_script_and_style_are_refused(watched: Watched, server: S
           document.body.setAttribute("style", "outline: 5px solid red");
         }"""
     )
-    page.wait_for_function("() => window.__csp.length >= 2")
+    wait_js(page, "() => window.__csp.length >= 2")
     got = watched.violations()
     assert page.evaluate("window.__pwned") is None
     assert any(v.startswith("script-src") for v in got) and any(v.startswith("style-src") for v in got), got
