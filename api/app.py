@@ -54,6 +54,12 @@ class NoClusterLauncher:
 
 
 def default_launcher(settings: Settings) -> Launcher:
+    if settings.kuberay_rayjob_template:  # Kueue mode: one RayJob (own cluster) per job
+        from service.kuberay_jobs import KubeRayJobLauncher
+
+        return KubeRayJobLauncher.from_file(
+            settings.kuberay_rayjob_template, api_url=settings.kubernetes_api, namespace=settings.kuberay_namespace
+        )
     if not settings.ray_address:
         return NoClusterLauncher()
     from service.ray_jobs import RayJobLauncher

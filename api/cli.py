@@ -79,7 +79,7 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
     # caught; with this handler that is an exception, so the `finally` below still stops the local Ray head.
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        if not settings.ray_address:
+        if not settings.ray_address and not settings.kuberay_rayjob_template:
             from service.local_ray import LocalRayHead
             from service.ray_jobs import RayJobLauncher
 

@@ -20,6 +20,7 @@ The rules, in order:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -59,7 +60,7 @@ def with_autoscaler(cluster: ClusterInfo, shapes: Sequence[NodeShape]) -> Cluste
         have = sum(1 for n in cluster.nodes if n.alive and (n.cpus_total, n.gpus_total) == (shape.cpus, shape.gpus))
         for k in range(max(0, shape.max_nodes - have)):
             extra.append(NodeInfo(f"autoscaler-{i}-{k}", "", True, shape.cpus, shape.cpus, shape.gpus, shape.gpus))
-    return ClusterInfo(nodes=[*cluster.nodes, *extra]) if extra else cluster
+    return dataclasses.replace(cluster, nodes=[*cluster.nodes, *extra]) if extra else cluster
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ def never_within_quota(owner: str, d: Demand, quota: Quota | None) -> str | None
 def decide(
     queued: Sequence[Queued],
     admitted: Sequence[Admitted],
-    free: list[Free],
+    free: list[Free] | None,
     total: Sequence[Free],
     quotas: Mapping[str, Quota],
     now: float,
@@ -217,7 +218,9 @@ def decide(
     """Which queued jobs start now (in order) and, for the rest, their 1-based queue position and the reason.
 
     `free` is the free capacity per node after charging admitted jobs whose placement Ray may not show yet; it is
-    consumed as jobs are admitted. `total` is every alive node's whole capacity: a job larger than that (the
+    consumed as jobs are admitted; None when every job brings its own cluster (Kueue mode: the queue system in
+    front of the cluster holds the quota, so only `total` and the owners' quotas hold a job here). `total` is every
+    alive node's whole capacity: a job larger than that (the
     cluster shrank after it was accepted) waits in `Decision.too_big`, never reserving."""
     usage: dict[str, tuple[int, float, float]] = {}
     for a in admitted:
@@ -239,7 +242,7 @@ def decide(
                 f"behind job {reserving.job_id}, which has waited over {reserve_after_s:g}s and reserves the capacity "
                 "that frees up"
             )
-        if why is None and not fits(q.demand, free):
+        if why is None and free is not None and not fits(q.demand, free):
             room = sum(n.holds(q.demand) for n in free)
             why = f"waiting for capacity: needs {q.demand.describe()}, room for {room} now"
             if now - q.created_at >= reserve_after_s:
@@ -247,7 +250,8 @@ def decide(
                 why += f"; waited over {reserve_after_s:g}s, so jobs behind it wait for it"
         if why is None:
             out.start.append(q.job_id)
-            take(q.demand, free)
+            if free is not None:
+                take(q.demand, free)
             j, c, g = usage.get(q.owner, (0, 0.0, 0.0))
             usage[q.owner] = (j + 1, c + q.demand.cpus, g + q.demand.gpus)
             continue

@@ -148,7 +148,7 @@ class Controller:
                 placed += [(nid, d, n) for nid, n in per_node.items()]
             else:  # not placed yet (or not reported): charged to the ledger where it most likely lands
                 pending.append(d)
-        free = admission.free_nodes(cluster, placed, pending)
+        free = None if cluster.per_job_clusters else admission.free_nodes(cluster, placed, pending)
         jobs = {j.id: j for j in queued}
         decision = admission.decide(
             [self._queued(j, cluster) for j in queued],

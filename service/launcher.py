@@ -63,6 +63,9 @@ class NodeInfo:
 @dataclass(frozen=True)
 class ClusterInfo:
     nodes: list[NodeInfo] = field(default_factory=list)
+    # Each job brings its own Ray cluster (Kueue mode): running jobs use up no shared capacity, and the queue
+    # system in front of the cluster (Kueue's quota) decides when a job starts.
+    per_job_clusters: bool = False
 
 
 class Launcher(Protocol):

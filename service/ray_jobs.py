@@ -52,6 +52,24 @@ def find_ray_auth_token() -> str | None:
     return None
 
 
+def driver_environment(req: LaunchRequest) -> dict[str, str]:
+    """The environment of a job's driver (`workers.protocol.DriverEnv`), whichever launcher starts it."""
+    ckpt = Path(req.checkpoint_dir).expanduser()
+    ckpt = (ckpt if ckpt.is_absolute() else Path.cwd() / ckpt) / req.job_id
+    driver = DriverEnv(
+        job_id=req.job_id,
+        control_url=req.control_url,
+        ingest_token=req.ingest_token,
+        checkpoint_dir=str(ckpt),
+        job_spec=req.spec,
+        placement_timeout_s=req.placement_timeout_s,
+        attempt=req.attempt,
+        restarts=req.restarts,
+        delivered_through=req.delivered_through,
+    )
+    return {**driver.to_env(), "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S), "PYTHONUNBUFFERED": "1"}
+
+
 class RayJobLauncher:
     def __init__(
         self,
@@ -88,25 +106,7 @@ class RayJobLauncher:
     # -- Launcher protocol --------------------------------------------------------------------------------------
     def submit(self, req: LaunchRequest) -> str:
         sid = submission_id_for(req.job_id, req.attempt)
-        ckpt = Path(req.checkpoint_dir).expanduser()
-        ckpt = (ckpt if ckpt.is_absolute() else Path.cwd() / ckpt) / req.job_id
-        driver = DriverEnv(
-            job_id=req.job_id,
-            control_url=req.control_url,
-            ingest_token=req.ingest_token,
-            checkpoint_dir=str(ckpt),
-            job_spec=req.spec,
-            placement_timeout_s=req.placement_timeout_s,
-            attempt=req.attempt,
-            restarts=req.restarts,
-            delivered_through=req.delivered_through,
-        )
-        env = {
-            **self.extra_env,
-            **driver.to_env(),
-            "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),
-            "PYTHONUNBUFFERED": "1",
-        }
+        env = {**self.extra_env, **driver_environment(req)}
         try:
             self._client.submit_job(
                 entrypoint=f"{shlex.quote(self.python)} -m {DRIVER_MODULE}",

@@ -52,6 +52,15 @@ class Settings(BaseSettings):
         description="JSON list of {cpus, gpus, max_nodes, group}: per worker group, the pod resources and maxReplicas "
         "(nodes the autoscaler may add: admission and the 422 check count them)",
     )
+    kuberay_rayjob_template: str = Field(
+        "",
+        description="Kueue mode: path of the RayJob template (ConfigMap ringtrain-rayjob-template); when set, every "
+        "job runs as a KubeRay RayJob on its own cluster instead of on the shared cluster at ray_address",
+    )
+    kubernetes_api: str = Field(
+        "", description="Kueue mode: the Kubernetes API URL (default: the pod's in-cluster one)"
+    )
+    kuberay_namespace: str = Field("", description="Kueue mode: namespace of the RayJobs (default: the pod's own)")
     driver_resources: dict[str, float] = Field(
         default_factory=dict,
         description='JSON object of custom Ray resources per driver (entrypoint_resources), e.g. {"ringtrain_driver": '

@@ -162,13 +162,15 @@ def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.02) -> Any:
 
 
 class Driver:
-    """Plays a job's driver over the real report protocol (ingest token from the recording launcher)."""
+    """Plays a job's driver over the real report protocol (ingest token from the recording launcher, or given)."""
 
-    def __init__(self, srv: Server, job_id: str) -> None:
+    def __init__(self, srv: Server, job_id: str, token: str | None = None) -> None:
         self.srv = srv
         self.job_id = job_id
-        req = wait_for(lambda: next((r for r in srv.launcher.submits if r.job_id == job_id), None))
-        self.token = req.ingest_token
+        if token is None:
+            req = wait_for(lambda: next((r for r in srv.launcher.submits if r.job_id == job_id), None))
+            token = req.ingest_token
+        self.token = token
         self.seq = 0
         self.http = srv.client(self.token)
 

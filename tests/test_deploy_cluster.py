@@ -23,6 +23,7 @@ import yaml
 
 from api.app import default_launcher
 from service.capacity import shapes_from_raycluster
+from service.kuberay_jobs import pod_shape
 from service.settings import Settings
 from tests import deploy_helpers as dh
 from tests.test_deploy import K8S_VERSION, OVERLAY_IDS, OVERLAYS, by_kind, rendered, the_one
@@ -103,8 +104,10 @@ def test_drivers_never_target_the_head(overlay: str) -> None:
         assert g["minReplicas"] >= 1, "keep one drivers' pod warm: a driver should not wait for a node"
         per_pod = min(custom_resources(g)[k] / v for k, v in wanted.items())
         assert per_pod * g["maxReplicas"] >= 16, "room for at least 16 concurrent drivers"
-    # and the launcher the control plane builds from these settings asks Ray for them on every driver
-    launcher = default_launcher(settings_of(objs).model_copy(update={"ray_address": "http://ringtrain-head-svc:8265"}))
+    # and the launcher the control plane builds from these settings asks Ray for them on every driver (Kueue mode:
+    # each job has its own cluster, test_kueue_mode_control_plane_runs_rayjobs_from_the_mounted_template)
+    shared = {"ray_address": "http://ringtrain-head-svc:8265", "kuberay_rayjob_template": ""}
+    launcher = default_launcher(settings_of(objs).model_copy(update=shared))
     assert getattr(launcher, "entrypoint_resources", None) == wanted
 
 
@@ -225,6 +228,30 @@ def test_kueue_mode_objects_refer_to_each_other() -> None:
     level = workers[0]["template"]["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"]
     assert level in [lv["nodeLabel"] for lv in topo["spec"]["levels"]]
     assert cq["spec"]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "ringtrain"
+
+
+def test_kueue_mode_control_plane_runs_rayjobs_from_the_mounted_template(tmp_path: Path) -> None:
+    """The overlay mounts the template where RINGTRAIN_KUBERAY_RAYJOB_TEMPLATE points, and the settings it gives
+    build the KubeRay launcher from that template, with the ClusterQueue's quota as the queue's capacity."""
+    objs = rendered("kueue")
+    settings = settings_of(objs)
+    pod = the_one(objs, "Deployment", "ringtrain-api")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    (vol,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == "ringtrain-rayjob-template"]
+    assert settings.kuberay_rayjob_template == f"{mounts[vol['name']]}/rayjob-template.yaml"
+    local = tmp_path / "rayjob-template.yaml"  # the file the pod would see
+    local.write_text(the_one(objs, "ConfigMap", "ringtrain-rayjob-template")["data"]["rayjob-template.yaml"])
+    update = {"kuberay_rayjob_template": str(local), "kubernetes_api": "https://kube.invalid", "kuberay_namespace": "x"}
+    launcher = default_launcher(settings.model_copy(update=update))
+    assert type(launcher).__name__ == "KubeRayJobLauncher"
+    assert launcher.template == rayjob_template(objs)  # type: ignore[attr-defined]
+    # capacity: the ClusterQueue's GPU quota, in pods of the template's worker shape
+    cq = the_one(objs, "ClusterQueue")
+    (group,) = [g for g in cq["spec"]["resourceGroups"] if "nvidia.com/gpu" in g["coveredResources"]]
+    quota = {r["name"]: r["nominalQuota"] for r in group["flavors"][0]["resources"]}
+    (shape,) = settings.autoscaler_nodes
+    assert shape.gpus * shape.max_nodes == int(quota["nvidia.com/gpu"])
+    assert (shape.cpus, shape.gpus) == pod_shape(rayjob_template(objs))
 
 
 def test_kueue_mode_rbac_lets_the_control_plane_run_rayjobs() -> None:

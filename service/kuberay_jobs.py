@@ -1,0 +1,229 @@
+"""`Launcher` for Kueue mode: every job attempt is a KubeRay `RayJob` on its own ephemeral RayCluster.
+
+The RayJob is the overlay's template (ConfigMap `ringtrain-rayjob-template`, mounted as a file) with the job filled
+in: its name (the submission id), the Kueue priority class, the driver's environment and the gpu group's size. It is
+created suspended; Kueue admits it when its ClusterQueue's quota allows, KubeRay then starts the cluster and runs
+`python -m workers.driver`, which reports over HTTP exactly as on the shared cluster. The control plane only
+creates, reads and deletes RayJobs (namespace-scoped RBAC in the overlay).
+
+Why plain HTTP and not the `kubernetes` client: four REST calls on one resource, with the pod's service-account
+token and CA; the client library would be the largest dependency of the control plane for them.
+
+The ingest token travels in the RayJob's `runtimeEnvYAML`, readable by whoever may read RayJobs in the namespace.
+It only lets its holder report for that one job attempt (rotated per attempt, refused once the job ended).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest
+from service.ray_jobs import DRIVER_MODULE, driver_environment, submission_id_for
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+GPU = "nvidia.com/gpu"
+# Kueue WorkloadPriorityClasses of the overlay (kueue.yaml), by the sign of the job's priority.
+PRIORITY_CLASSES = {1: "ringtrain-high", 0: "ringtrain-normal", -1: "ringtrain-low"}
+# KubeRay refuses longer RayJob names (its RayCluster and pod names are derived from them).
+MAX_NAME = 47
+
+
+class KubeAPIError(RuntimeError):
+    """An answer from the Kubernetes API other than the ones a launcher call expects."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"Kubernetes API answered HTTP {status}: {body[:500]}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class KubeAPI:
+    """Where the Kubernetes API is and how to authenticate: in a pod, its service account (`in_cluster`)."""
+
+    url: str
+    token: str = ""
+    ca_file: str | None = None
+
+    @classmethod
+    def in_cluster(cls, url: str = "") -> KubeAPI:
+        import os
+
+        if not url:
+            host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            if not host:
+                raise RuntimeError(
+                    "RINGTRAIN_KUBERAY_RAYJOB_TEMPLATE is set but this is not a Kubernetes pod "
+                    "(KUBERNETES_SERVICE_HOST unset): set RINGTRAIN_KUBERNETES_API to the API server's URL"
+                )
+            url = f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}"
+        token = SERVICE_ACCOUNT / "token"
+        ca = SERVICE_ACCOUNT / "ca.crt"
+        return cls(url, token.read_text().strip() if token.is_file() else "", str(ca) if ca.is_file() else None)
+
+    def client(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return httpx.Client(base_url=self.url, headers=headers, verify=self.ca_file or True, timeout=15)
+
+
+def service_account_namespace() -> str:
+    path = SERVICE_ACCOUNT / "namespace"
+    return path.read_text().strip() if path.is_file() else "default"
+
+
+def priority_class(priority: int) -> str:
+    return PRIORITY_CLASSES[(priority > 0) - (priority < 0)]
+
+
+def _quantity(v: Any) -> float:
+    """A CPU/GPU count from a Kubernetes quantity (`"32"`, `"500m"`, `8`)."""
+    s = str(v)
+    return float(s[:-1]) / 1000 if s.endswith("m") else float(s)
+
+
+def _worker_group(job: dict[str, Any]) -> dict[str, Any]:
+    groups = job["spec"]["rayClusterSpec"].get("workerGroupSpecs") or []
+    if len(groups) != 1:
+        raise ValueError(f"the RayJob template needs exactly one worker group (the ring's), found {len(groups)}")
+    return dict(groups[0])
+
+
+def pod_shape(job: dict[str, Any]) -> tuple[float, float]:
+    """(CPUs, GPUs) one worker pod of the template gives Ray."""
+    group = _worker_group(job)
+    limits = group["template"]["spec"]["containers"][0].get("resources", {}).get("limits", {})
+    params = group.get("rayStartParams") or {}
+    cpus = _quantity(params["num-cpus"]) if "num-cpus" in params else _quantity(limits.get("cpu", 1))
+    return cpus, _quantity(limits.get(GPU, 0))
+
+
+def rayjob_for(template: dict[str, Any], req: LaunchRequest, *, python: str = "python") -> dict[str, Any]:
+    """The RayJob that runs one attempt of `req` (a new object; the template is not changed).
+
+    The worker group is sized for the ring and nothing more: ⌈ranks ÷ GPUs per pod⌉ fixed replicas (Kueue admits
+    a fixed size), and a ring smaller than one pod asks for just the GPUs it uses."""
+    spec = req.spec
+    name = submission_id_for(req.job_id, req.attempt).lower()
+    if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+        raise ValueError(f"job id {req.job_id!r} gives RayJob name {name!r}, not a DNS label of <= {MAX_NAME} chars")
+    job = copy.deepcopy(template)
+    meta = job.setdefault("metadata", {})
+    meta["name"] = name
+    meta.pop("namespace", None)
+    meta.setdefault("labels", {}).update(
+        {
+            "kueue.x-k8s.io/priority-class": priority_class(spec.priority),
+            "ringtrain.io/job-id": req.job_id,
+            "ringtrain.io/attempt": str(req.attempt),
+        }
+    )
+    body = job["spec"]
+    body["entrypoint"] = f"{python} -m {DRIVER_MODULE}"
+    body["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": driver_environment(req)}, sort_keys=True)
+    body["suspend"] = True  # Kueue un-suspends it on admission
+
+    cpus, gpus = pod_shape(job)
+    ranks = spec.world_size
+    uses_gpu = spec.resources.accelerator == "gpu" or (spec.resources.accelerator == "auto" and gpus >= 1)
+    if uses_gpu and gpus < 1:
+        raise ValueError("the job asks for GPUs but the RayJob template's worker pods have none")
+    per_pod = gpus if uses_gpu else math.floor(cpus / spec.resources.cpus_per_worker)
+    if per_pod < 1:
+        raise ValueError(
+            f"one rank needs {spec.resources.cpus_per_worker:g} CPUs; the template's worker pods give {cpus:g}"
+        )
+    replicas = math.ceil(ranks / per_pod)
+    group = body["rayClusterSpec"]["workerGroupSpecs"][0]
+    group.update(replicas=replicas, minReplicas=replicas, maxReplicas=replicas)
+    if uses_gpu and ranks < per_pod:
+        resources = group["template"]["spec"]["containers"][0]["resources"]
+        for kind in ("requests", "limits"):
+            if GPU in resources.get(kind, {}):
+                resources[kind][GPU] = str(ranks)
+    return job
+
+
+def status_of(rayjob: dict[str, Any]) -> DriverInfo:
+    """KubeRay's view of a RayJob as a driver status (`jobDeploymentStatus` is KubeRay's, `jobStatus` Ray's)."""
+    st = rayjob.get("status") or {}
+    deploy, ray_status = st.get("jobDeploymentStatus") or "", st.get("jobStatus") or ""
+    why = ": ".join(x for x in (st.get("reason"), st.get("message")) if x)
+    if deploy in ("Failed", "ValidationFailed"):
+        return DriverInfo(DriverStatus.FAILED, why or f"RayJob {deploy}")
+    if ray_status in ("SUCCEEDED", "FAILED", "STOPPED"):
+        return DriverInfo(DriverStatus(ray_status), why)
+    if deploy == "Running" and ray_status == "RUNNING":
+        return DriverInfo(DriverStatus.RUNNING, why)
+    if (rayjob.get("spec") or {}).get("suspend") or deploy in ("Suspended", "Suspending"):
+        return DriverInfo(DriverStatus.PENDING, "waiting for Kueue to admit the RayJob (ClusterQueue quota)")
+    return DriverInfo(DriverStatus.PENDING, why or f"RayJob {deploy or 'created'}; its Ray cluster is starting")
+
+
+class KubeRayJobLauncher:
+    def __init__(self, api: KubeAPI, namespace: str, template: dict[str, Any], *, python: str = "python") -> None:
+        if template.get("kind") != "RayJob":
+            raise ValueError(f"the RayJob template is a {template.get('kind')!r}, not a RayJob")
+        pod_shape(template)  # fails now, not on the first job, when the template has no usable worker group
+        self.api, self.namespace, self.template, self.python = api, namespace, template, python
+        self.path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs"
+
+    @classmethod
+    def from_file(cls, template_path: str, *, api_url: str = "", namespace: str = "") -> KubeRayJobLauncher:
+        (doc,) = [d for d in yaml.safe_load_all(Path(template_path).read_text()) if d]
+        return cls(KubeAPI.in_cluster(api_url), namespace or service_account_namespace(), doc)
+
+    def _call(self, method: str, path: str, ok: tuple[int, ...], **kw: Any) -> httpx.Response:
+        with self.api.client() as http:
+            r = http.request(method, path, **kw)
+        if r.status_code not in ok:
+            raise KubeAPIError(r.status_code, r.text)
+        return r
+
+    # -- Launcher protocol --------------------------------------------------------------------------------------
+    def submit(self, req: LaunchRequest) -> str:
+        job = rayjob_for(self.template, req, python=self.python)
+        self._call("POST", self.path, (200, 201, 202, 409), json=job)  # 409: this attempt's RayJob exists already
+        return str(job["metadata"]["name"])
+
+    def stop(self, submission_id: str) -> None:
+        """Delete the RayJob: KubeRay deletes its cluster (and the driver with it); Kueue frees the quota."""
+        self._call(
+            "DELETE", f"{self.path}/{submission_id}", (200, 202, 404), params={"propagationPolicy": "Background"}
+        )
+
+    def status(self, submission_id: str) -> DriverInfo:
+        r = self._call("GET", f"{self.path}/{submission_id}", (200, 404))
+        if r.status_code == 404:
+            return DriverInfo(DriverStatus.UNKNOWN, f"RayJob {submission_id} does not exist (deleted, or TTL expired)")
+        return status_of(r.json())
+
+    def logs(self, submission_id: str) -> str:
+        """The submitter's log (KubeRay's submitter Job has the RayJob's name): it follows the driver's output."""
+        pods = (
+            self._call(
+                "GET",
+                f"/api/v1/namespaces/{self.namespace}/pods",
+                (200,),
+                params={"labelSelector": f"job-name={submission_id}"},
+            )
+            .json()
+            .get("items", [])
+        )
+        if not pods:
+            return ""
+        newest = max(pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
+        r = self._call("GET", f"/api/v1/namespaces/{self.namespace}/pods/{newest['metadata']['name']}/log", (200, 400))
+        return r.text if r.status_code == 200 else ""
+
+    def cluster(self) -> ClusterInfo:
+        """No shared nodes: each job brings its own cluster, Kueue holds the quota (the control plane counts the
+        queue's size from `RINGTRAIN_AUTOSCALER_NODES`). Reading the RayJob list checks the API and the RBAC."""
+        self._call("GET", self.path, (200,), params={"limit": 1})
+        return ClusterInfo(nodes=[], per_job_clusters=True)

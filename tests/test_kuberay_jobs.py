@@ -1,0 +1,302 @@
+"""Kueue mode: the control plane runs every job as a KubeRay RayJob (service/kuberay_jobs.py).
+
+No Kubernetes API server can run here, so `KubeStub` plays one on loopback for the calls the launcher makes (create,
+get, list, delete RayJobs; list pods, read a log), with the API server's own answers: 401 without the token, 409
+for an existing name, 404, and 422 for an object the RayJob CRD's schema refuses (the vendored KubeRay v1.7.0 CRD,
+unknown fields rejected, as tests/test_deploy.py validates the manifests). Kueue and KubeRay are played by the test
+changing a RayJob's `spec.suspend` and `status` the way they do. Everything on the control plane's side is real:
+uvicorn, SQLite, the scheduler and reconciler, the drivers' reports over HTTP with the ingest token read back out of
+the RayJob the launcher created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from unittest import mock
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+
+from service.admission import NodeShape
+from service.kuberay_jobs import KubeAPI, KubeRayJobLauncher, priority_class, rayjob_for, status_of
+from service.launcher import DriverStatus, LaunchRequest
+from tests import deploy_helpers as dh
+from tests.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for
+from workers.config import JobSpec
+from workers.protocol import DriverEnv
+
+TEMPLATE_FILE = Path(__file__).resolve().parent.parent / "deploy/k8s/overlays/kueue/rayjob-template.yaml"
+NS = "ringtrain"
+KUBE_TOKEN = "kube-sa-token-abc"
+GPU_SPEC: dict[str, Any] = {**TINY_SPEC, "resources": {"accelerator": "gpu"}}
+
+
+def ranks(ring: int, dp: int) -> dict[str, Any]:
+    return {"parallel": {"ring_size": ring, "data_parallel": dp}, "train": {"steps": 5, "batch_size": dp}}
+
+
+def template() -> dict[str, Any]:
+    (doc,) = dh.load_yaml_docs(TEMPLATE_FILE.read_text())
+    return doc
+
+
+def request(spec: dict[str, Any], job_id: str = "j0123456789ab", attempt: int = 0) -> LaunchRequest:
+    return LaunchRequest(
+        job_id=job_id,
+        spec=JobSpec.model_validate(spec),
+        control_url="http://ringtrain-api:8000",
+        ingest_token=f"ingest-{job_id}-{attempt}",
+        checkpoint_dir="/mnt/checkpoints",
+        attempt=attempt,
+    )
+
+
+def env_of(rayjob: dict[str, Any]) -> DriverEnv:
+    """What the driver reads in its environment: the RayJob's runtimeEnvYAML, parsed by the driver's own model."""
+    env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
+    with mock.patch.dict(os.environ, env, clear=True):
+        return DriverEnv()  # type: ignore[call-arg]
+
+
+def gpus(rayjob: dict[str, Any]) -> tuple[int, str]:
+    (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"]
+    return group["replicas"], group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+
+
+# -- the RayJob each attempt becomes ------------------------------------------------------------------------------
+def test_rayjob_for_fills_the_template_and_passes_the_crd_schema() -> None:
+    tpl = template()
+    before = json.dumps(tpl, sort_keys=True)
+    small = rayjob_for(tpl, request({**GPU_SPEC, "priority": 5}))
+    big = rayjob_for(tpl, request({**GPU_SPEC, **ranks(8, 2), "priority": -3}, attempt=2))
+    assert json.dumps(tpl, sort_keys=True) == before, "the template itself is never changed"
+    for job in (small, big):
+        assert dh.crd_errors(job) == [], dh.crd_errors(job)
+        assert job["spec"]["suspend"] is True and job["spec"]["entrypoint"] == "python -m workers.driver"
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "ringtrain"
+    assert small["metadata"]["name"] == "ringtrain-j0123456789ab-0" and big["metadata"]["name"].endswith("-2")
+    assert small["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "ringtrain-high"
+    assert big["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "ringtrain-low"
+    # a ring of 2 on 8-GPU pods asks for one pod with 2 GPUs; 16 ranks for two full pods
+    assert gpus(small) == (1, "2") and gpus(big) == (2, "8")
+    # the driver reads back exactly what the control plane meant
+    env = env_of(big)
+    assert (env.job_id, env.attempt, env.ingest_token) == ("j0123456789ab", 2, "ingest-j0123456789ab-2")
+    assert env.checkpoint_dir == "/mnt/checkpoints/j0123456789ab" and env.control_url == "http://ringtrain-api:8000"
+    assert env.job_spec == JobSpec.model_validate({**GPU_SPEC, **ranks(8, 2), "priority": -3})
+
+
+def test_cpu_jobs_are_sized_by_cpus_and_bad_ids_are_refused() -> None:
+    spec = {**TINY_SPEC, **ranks(4, 4)}
+    spec["resources"] = {"accelerator": "cpu", "cpus_per_worker": 4}
+    job = rayjob_for(template(), request(spec))
+    assert gpus(job)[0] == 2  # 16 ranks x 4 CPUs on 32-CPU pods
+    assert dh.crd_errors(job) == []
+    with pytest.raises(ValueError, match="not a DNS label"):
+        rayjob_for(template(), request(GPU_SPEC, job_id="j" * 60))
+    with pytest.raises(ValueError, match="worker pods give 32"):
+        rayjob_for(template(), request({**spec, "resources": {"accelerator": "cpu", "cpus_per_worker": 64}}))
+    assert [priority_class(p) for p in (10, 1, 0, -1)] == ["ringtrain-high"] * 2 + ["ringtrain-normal", "ringtrain-low"]
+
+
+@pytest.mark.parametrize(
+    ("suspend", "deploy", "ray", "want"),
+    [
+        (True, "", "", DriverStatus.PENDING),  # waiting for Kueue
+        (True, "Suspended", "", DriverStatus.PENDING),  # preempted by Kueue: comes back when admitted again
+        (False, "Initializing", "", DriverStatus.PENDING),
+        (False, "Running", "PENDING", DriverStatus.PENDING),
+        (False, "Running", "RUNNING", DriverStatus.RUNNING),
+        (False, "Running", "SUCCEEDED", DriverStatus.SUCCEEDED),
+        (False, "Complete", "SUCCEEDED", DriverStatus.SUCCEEDED),
+        (False, "Complete", "STOPPED", DriverStatus.STOPPED),
+        (False, "Failed", "FAILED", DriverStatus.FAILED),
+        (False, "Failed", "", DriverStatus.FAILED),  # e.g. SubmissionFailed, DeadlineExceeded
+        (False, "ValidationFailed", "", DriverStatus.FAILED),
+    ],
+)
+def test_kuberay_status_maps_to_the_driver_status(suspend: bool, deploy: str, ray: str, want: DriverStatus) -> None:
+    info = status_of(
+        {
+            "spec": {"suspend": suspend},
+            "status": {
+                "jobDeploymentStatus": deploy,
+                "jobStatus": ray,
+                "reason": "AppFailed" if ray == "FAILED" else "",
+            },
+        }
+    )
+    assert info.status is want
+    if suspend:
+        assert "Kueue" in info.message
+    if want is DriverStatus.FAILED and ray == "FAILED":
+        assert info.message == "AppFailed"
+
+
+# -- a Kubernetes API for the launcher's calls ----------------------------------------------------------------------
+class KubeStub:
+    def __init__(self) -> None:
+        self.rayjobs: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, tuple[dict[str, str], str]] = {}  # name → (labels, log)
+        self.deleted: list[str] = []
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def answer(self, code: int, body: Any) -> None:
+                data = (body if isinstance(body, str) else json.dumps(body)).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def route(self, method: str) -> None:
+                if self.headers.get("Authorization") != f"Bearer {KUBE_TOKEN}":
+                    return self.answer(401, {"kind": "Status", "code": 401, "reason": "Unauthorized"})
+                url = urlparse(self.path)
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+                with stub.lock:
+                    code, out = stub.handle(method, url.path, parse_qs(url.query), body)
+                self.answer(code, out)
+
+            def do_GET(self) -> None:
+                self.route("GET")
+
+            def do_POST(self) -> None:
+                self.route("POST")
+
+            def do_DELETE(self) -> None:
+                self.route("DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        rayjobs, pods = f"/apis/ray.io/v1/namespaces/{NS}/rayjobs", f"/api/v1/namespaces/{NS}/pods"
+        name = path.rsplit("/", 1)[-1]
+        if path == rayjobs and method == "GET":
+            return 200, {"kind": "RayJobList", "items": list(self.rayjobs.values())}
+        if path == rayjobs and method == "POST":
+            if errors := dh.crd_errors(body):
+                return 422, {"kind": "Status", "code": 422, "reason": "Invalid", "message": "; ".join(errors)}
+            if body["metadata"]["name"] in self.rayjobs:
+                return 409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"}
+            body["metadata"].update(namespace=NS, creationTimestamp="2026-11-29T00:00:00Z")
+            self.rayjobs[body["metadata"]["name"]] = body
+            return 201, body
+        if path.startswith(rayjobs + "/"):
+            if name not in self.rayjobs:
+                return 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
+            if method == "DELETE":
+                self.deleted.append(name)
+                return 200, self.rayjobs.pop(name)
+            return 200, self.rayjobs[name]
+        if path == pods:
+            key, _, want = query["labelSelector"][0].partition("=")
+            return 200, {
+                "items": [
+                    {"metadata": {"name": n, "labels": lb}} for n, (lb, _) in self.pods.items() if lb.get(key) == want
+                ]
+            }
+        if path.startswith(pods + "/") and path.endswith("/log"):
+            return 200, self.pods[path.split("/")[-2]][1]
+        return 404, {"kind": "Status", "code": 404}
+
+    def set(self, name: str, *, suspend: bool = False, **status: str) -> None:
+        """Play Kueue (admission: suspend false) and KubeRay (status)."""
+        with self.lock:
+            self.rayjobs[name]["spec"]["suspend"] = suspend
+            self.rayjobs[name]["status"] = status
+
+    def created(self, job_id: str) -> list[str]:
+        with self.lock:
+            return sorted(
+                n for n, j in self.rayjobs.items() if j["metadata"]["labels"]["ringtrain.io/job-id"] == job_id
+            )
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeStub]:
+    stub = KubeStub()
+    yield stub
+    stub.server.shutdown()
+
+
+def test_the_control_plane_runs_each_job_as_a_rayjob(tmp_path: Path, kube: KubeStub) -> None:
+    launcher = KubeRayJobLauncher(KubeAPI(kube.url, KUBE_TOKEN), NS, template())
+    quota = [NodeShape(group="gpu", cpus=32, gpus=8, max_nodes=1)]  # the ClusterQueue: one 8-GPU pod
+    with running(tmp_path, launcher, autoscaler_nodes=quota, checkpoint_dir="/mnt/checkpoints") as srv:
+        c = srv.client(ALICE)
+        assert c.get("/readyz").status_code == 200
+        # larger than the queue can ever hold: refused at once, naming what there is
+        r = c.post("/v1/jobs", json={**GPU_SPEC, "parallel": {"ring_size": 16}})
+        assert r.status_code == 422 and "GPU" in r.text, r.text
+        # three 4-GPU jobs: the shared-cluster queue would hold one back; Kueue mode hands all three to Kueue
+        ok, failing, cancelled = (
+            c.post("/v1/jobs", json={**GPU_SPEC, "name": n, "parallel": {"ring_size": 4}, **extra}).json()["id"]
+            for n, extra in (("ok", {}), ("failing", {"max_restarts": 1}), ("cancelled", {}))
+        )
+        wait_for(lambda: all(kube.created(j) for j in (ok, failing, cancelled)), timeout=30)
+        for j in (ok, failing, cancelled):
+            job = wait_for(lambda j=j: (x := c.get(f"/v1/jobs/{j}").json())["state"] == "PLACING" and x, timeout=30)
+            assert job["queue_position"] is None
+
+        # ok: Kueue admits it, the driver (token from its RayJob) reports, KubeRay reports completion
+        (name,) = kube.created(ok)
+        kube.set(name, jobDeploymentStatus="Running", jobStatus="RUNNING")
+        d = Driver(srv, ok, token=env_of(kube.rayjobs[name]).ingest_token)
+        assert d.state("RUNNING", reason="all 4 ranks placed").status_code == 200
+        assert d.metrics(range(5)).status_code == 200
+        assert d.state("SUCCEEDED", reason="done").status_code == 200
+        kube.set(name, jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+        assert c.get(f"/v1/jobs/{ok}").json()["state"] == "SUCCEEDED"
+
+        # failing: its cluster dies without a report; a restart is a new RayJob (attempt 1, a new token)
+        (first,) = kube.created(failing)
+        kube.set(first, jobDeploymentStatus="Failed", jobStatus="FAILED", reason="AppFailed", message="OOMKilled")
+        wait_for(lambda: len(kube.created(failing)) == 2, timeout=30)
+        second = kube.created(failing)[1]
+        assert second.endswith("-1") and env_of(kube.rayjobs[second]).attempt == 1
+        assert env_of(kube.rayjobs[second]).ingest_token != env_of(kube.rayjobs[first]).ingest_token
+        job = c.get(f"/v1/jobs/{failing}").json()
+        retry = [t["reason"] for t in job["transitions"] if t["to"] == "RETRYING"]
+        assert job["restarts"] == 1 and len(retry) == 1 and "AppFailed: OOMKilled" in retry[0], job["transitions"]
+
+        # cancelled: the RayJob is deleted (KubeRay removes its cluster), the job ends CANCELLED
+        (name,) = kube.created(cancelled)
+        kube.pods["submitter-x"] = ({"job-name": name}, "driver: placement group pending\n")
+        assert "placement group pending" in launcher.logs(name)
+        assert c.post(f"/v1/jobs/{cancelled}/cancel").status_code == 202
+        wait_for(lambda: name in kube.deleted, timeout=30)
+        wait_for(lambda: c.get(f"/v1/jobs/{cancelled}").json()["state"] == "CANCELLED", timeout=30)
+        assert kube.created(ok) and not kube.created(cancelled)
+
+
+def test_an_api_server_refusal_is_retried_then_fails_the_job(tmp_path: Path, kube: KubeStub) -> None:
+    """A template the CRD schema refuses (here a typo) never leaves a job half-started: each try is refused with
+    the API server's message, and the job fails with it after `submit_attempts` tries."""
+    bad = template()
+    bad["spec"]["shutdownAfterJobFinish"] = True  # typo: unknown field
+    launcher = KubeRayJobLauncher(KubeAPI(kube.url, KUBE_TOKEN), NS, bad)
+    quota = [NodeShape(group="gpu", cpus=32, gpus=8, max_nodes=1)]
+    with running(tmp_path, launcher, autoscaler_nodes=quota, submit_attempts=1) as srv:
+        c = srv.client(ALICE)
+        jid = c.post("/v1/jobs", json=GPU_SPEC).json()["id"]
+        job = wait_for(lambda: (x := c.get(f"/v1/jobs/{jid}").json())["state"] == "FAILED" and x, timeout=30)
+        assert "HTTP 422" in job["error"] and "shutdownAfterJobFinish" in job["error"], job["error"]
+        assert kube.rayjobs == {}
+    with pytest.raises(RuntimeError, match="HTTP 401"):
+        KubeRayJobLauncher(KubeAPI(kube.url, "wrong"), NS, template()).cluster()
