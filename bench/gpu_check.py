@@ -1,8 +1,9 @@
 """GPU check for ring attention (run by bench/gpu_check.sh on a CUDA machine; a few minutes at most).
 
 Single process: exactness of every CUDA block backend (out and dq/dk/dv, dense and packed documents) vs a
-float64 reference, and block-kernel TFLOP/s (causal forward+backward) against torch SDPA on the same
-inputs. Under torchrun (one process per GPU, NCCL): the ring's exactness (forward and backward) and
+float64 reference, block-kernel TFLOP/s (causal forward+backward) against torch SDPA on the same inputs, and
+packed documents through flash-attn's varlen kernels vs one call per document piece (`RINGTRAIN_ATTN_VARLEN=off`).
+Under torchrun (one process per GPU, NCCL): the ring's exactness (forward and backward) and
 per-rank time on every visible GPU for each layout.
 """
 
@@ -107,6 +108,38 @@ def single() -> None:
     )
 
 
+def varlen_vs_blocks() -> None:
+    """Packed documents on flash-attn: one varlen call per ring step vs one kernel call per document piece."""
+    if not flash_attn_available():
+        print("varlen: skipped (flash-attn not installed)")
+        return
+    dev = torch.device("cuda")
+    s, h, d = 8192, 16, 128
+    q, k, v = (torch.randn(1, s, n, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for n in (h, 4, 4))
+    g = torch.randn_like(q)
+    rows = ["| documents | varlen ms | per-piece ms | ratio | varlen err out/dq |", "|---|---|---|---|---|"]
+    for n_docs in (4, 64, 512):
+        cu = torch.linspace(0, s, n_docs + 1).round().to(torch.int32)
+        times, errs = {}, "-"
+        for mode in ("", "off"):
+            os.environ["RINGTRAIN_ATTN_VARLEN"] = mode
+            try:
+                times[mode] = _timed(lambda cu=cu: ring_attention(q, k, v, cu_seqlens=cu).backward(g))
+                if mode == "" and n_docs == 64:
+                    small = [t[:, :2048].detach() for t in (q, k, v)]
+                    head = cu[cu <= 2048]
+                    e = _grads_vs_ref(lambda a, b, c, head=head: ring_attention(a, b, c, cu_seqlens=head), *small, head)
+                    errs = f"{e[0]:.1e}/{e[1]:.1e}"
+            except Exception as e:  # report, keep going
+                times[mode] = float("nan")
+                errs = f"FAILED {type(e).__name__}: {e}"
+        del os.environ["RINGTRAIN_ATTN_VARLEN"]
+        rows.append(
+            f"| {n_docs} | {times[''] * 1e3:.1f} | {times['off'] * 1e3:.1f} | {times[''] / times['off']:.2f} | {errs} |"
+        )
+    print("\n".join(rows))
+
+
 def ring() -> None:
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -144,4 +177,8 @@ def ring() -> None:
 
 
 if __name__ == "__main__":
-    ring() if "RANK" in os.environ else single()
+    if "RANK" in os.environ:
+        ring()
+    else:
+        single()
+        varlen_vs_blocks()

@@ -15,7 +15,9 @@ import torch
 from tests.attention_cases import doc_ids, doc_ring_vs_reference, make_inputs, reference_doc_attention
 from tests.dist import run_distributed
 from workers.attention import ring_attention
+from workers.attention.kernels import TorchCpuFlash
 from workers.attention.plan import Documents, block_for_step, ring_plan
+from workers.attention.varlen import LoopVarlen, ring_packs, select_varlen
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
 TOL = {"torch.float64": 1e-10, "torch.float32": 1e-5}
@@ -175,3 +177,67 @@ def test_bad_cu_seqlens_raise_value_error(cu, message: str) -> None:  # type: ig
     with pytest.raises(ValueError, match="cu_seqlens") as err:
         ring_attention(q, q, q, cu_seqlens=cu)
     assert message in str(err.value)
+
+
+# -- the packed (varlen) path: what flash-attn's varlen kernels run on CUDA, exercised on CPU ---------------------
+def packed_vs_reference(rank: int, world: int, cases: list[dict]) -> list[dict]:
+    """`doc_ring_vs_reference` with the packed path forced (RINGTRAIN_ATTN_VARLEN=loop, inherited by each rank)."""
+    assert isinstance(select_varlen(torch.device("cpu"), torch.float64, 8), LoopVarlen)
+    return doc_ring_vs_reference(rank, world, cases)
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_packed_varlen_path_matches_reference(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ring step as at most two varlen calls (gather, merge, scatter) is as exact as the per-block path."""
+    monkeypatch.setenv("RINGTRAIN_ATTN_VARLEN", "loop")
+    cases = [c for c in _cases(world) if c["dtype"] == torch.float64 or c["name"] == "per row"]
+    results = [packed_vs_reference(0, 1, cases)] if world == 1 else run_distributed(packed_vs_reference, world, cases)
+    for per_rank in results:
+        _check(per_rank)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_packs_hold_exactly_the_plan_blocks(world: int) -> None:
+    """Per step: at most two packs (causal, dense); each query row once per pack; the packs' segments, read back
+    as blocks per batch row, are exactly the plan's blocks."""
+    n, b = 12, 2
+    s = n * world
+    per_row = (0, 1, 2, 9, 9, 10, s - 1, s)
+    other = tuple(sorted({0, 5, 6, s // 2, s}))
+    for layout, causal in itertools.product(LAYOUTS, [True, False]):
+        docs = Documents(((0, 1, per_row), (1, 2, other)))
+        for rank in range(world):
+            plan = ring_plan(layout, causal, rank, world, n, docs)
+            packs = ring_packs(layout, causal, rank, world, n, docs, b)
+            for blocks, step in zip(plan, packs, strict=True):
+                assert len(step) <= 2 and len({p.causal for p in step}) == len(step)
+                want = sorted(
+                    (row, blk.q.start, blk.q.stop, blk.kv.start, blk.kv.stop, blk.causal)
+                    for blk in blocks
+                    for row in range(b)[blk.rows]
+                )
+                got = []
+                for p in step:
+                    assert p.q_index.unique().numel() == p.q_index.numel()
+                    for q0, q1, k0, k1 in p.segments():
+                        qi, ki = p.q_index[q0:q1], p.k_index[k0:k1]
+                        row = int(qi[0]) // n
+                        assert torch.equal(qi, torch.arange(int(qi[0]), int(qi[-1]) + 1)), "a segment is one range"
+                        assert int(ki[0]) // n == row and int(qi[-1]) // n == row, "a segment stays in its row"
+                        got.append(
+                            (row, int(qi[0]) % n, int(qi[-1]) % n + 1, int(ki[0]) % n, int(ki[-1]) % n + 1, p.causal)
+                        )
+                        assert p.max_q >= q1 - q0 and p.max_k >= k1 - k0
+                assert sorted(got) == want, (layout, causal, rank)
+
+
+def test_varlen_selection() -> None:
+    """On CPU the per-block path is the default (no gather needed); `loop` forces packing; bad values are refused."""
+    cpu = torch.device("cpu")
+    assert select_varlen(cpu, torch.float32, 64) is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RINGTRAIN_ATTN_VARLEN", "loop")
+        assert select_varlen(cpu, torch.float32, 64) == LoopVarlen(TorchCpuFlash())
+        mp.setenv("RINGTRAIN_ATTN_VARLEN", "yes")
+        with pytest.raises(ValueError, match="RINGTRAIN_ATTN_VARLEN"):
+            select_varlen(cpu, torch.float32, 64)

@@ -8,14 +8,17 @@ buffer one step behind K/V and arrive back at their owner after W steps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
 from workers.attention.comm import RingComm
-from workers.attention.kernels import select_kernel
+from workers.attention.kernels import BlockKernel, select_kernel
 from workers.attention.layouts import _rank_world, check_layout
 from workers.attention.merge import merge_
 from workers.attention.plan import ALL_ROWS, Block, Documents, ring_plan
+from workers.attention.varlen import Pack, VarlenKernel, ring_packs, select_varlen
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -26,31 +29,143 @@ def _covers_all(block: Block, n: int) -> bool:
     return block.rows == ALL_ROWS and block.q == slice(0, n)
 
 
-def _forward(q, k, v, plan, comm, world, scale, kernel, overlap):
-    acc = _acc_dtype(q.dtype)
-    b, n, h, _ = q.shape
+class _Running:
+    """The running (out [B, S, H, D], lse [B, H, S]) of the forward; None until the first block arrives."""
+
+    def __init__(self) -> None:
+        self.out: torch.Tensor | None = None
+        self.lse: torch.Tensor | None = None
+
+
+AddGrads = Callable[[torch.Tensor], None]
+
+
+class _PerBlock:
+    """Each plan block is one block-kernel call (dense steps, and packed documents without a varlen kernel)."""
+
+    def __init__(self, plan: list[list[Block]], kernel: BlockKernel, scale: float) -> None:
+        self.plan, self.kernel, self.scale = plan, kernel, scale
+
+    def fold(self, step: int, q: torch.Tensor, kv: torch.Tensor, run: _Running) -> None:
+        acc = _acc_dtype(q.dtype)
+        b, n, h, _ = q.shape
+        for blk in self.plan[step]:
+            r = blk.rows
+            b_out, b_lse = self.kernel.forward(q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], blk.causal, self.scale)
+            if run.out is None and _covers_all(blk, n):  # dense step 0: the diagonal block covers every row
+                run.out, run.lse = b_out.to(acc), b_lse.to(acc).contiguous()
+                continue
+            if run.out is None or run.lse is None:  # packed documents: rows start empty and fill block by block
+                run.out = torch.zeros(q.shape, dtype=acc, device=q.device)
+                run.lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
+            merge_(run.out[r, blk.q], run.lse[r, :, blk.q], b_out, b_lse)
+
+    def grads(
+        self,
+        step: int,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        dq: torch.Tensor,
+    ) -> AddGrads:
+        done = []
+        for blk in self.plan[step]:
+            r = blk.rows
+            g = self.kernel.backward(
+                dout[r, blk.q], q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], out[r, blk.q], lse[r, :, blk.q],
+                blk.causal, self.scale,
+            )  # fmt: skip
+            dq[r, blk.q] += g[0]
+            done.append((blk, g))
+
+        def add(dkv: torch.Tensor) -> None:
+            for blk, g in done:
+                dkv[0][blk.rows, blk.kv] += g[1]
+                dkv[1][blk.rows, blk.kv] += g[2]
+
+        return add
+
+
+class _Packed:
+    """Each ring step's blocks as at most two varlen calls (`varlen.ring_packs`): gather, merge, scatter."""
+
+    def __init__(self, packs: list[list[Pack]], kernel: VarlenKernel, scale: float) -> None:
+        self.packs, self.kernel, self.scale = packs, kernel, scale
+
+    def fold(self, step: int, q: torch.Tensor, kv: torch.Tensor, run: _Running) -> None:
+        acc = _acc_dtype(q.dtype)
+        b, n, h, d = q.shape
+        qf, kf, vf = q.reshape(b * n, h, d), kv[0].reshape(b * n, -1, d), kv[1].reshape(b * n, -1, d)
+        if run.out is None or run.lse is None:  # flat while folding: [B·S, H, D] and [H, B·S]
+            run.out = torch.zeros((b * n, h, d), dtype=acc, device=q.device)
+            run.lse = torch.full((h, b * n), float("-inf"), dtype=acc, device=q.device)
+        for p in self.packs[step]:
+            qi, ki = p.q_index, p.k_index
+            o, lse = self.kernel.forward(qf[qi], kf[ki], vf[ki], p, self.scale)
+            o_run, lse_run = run.out[qi], run.lse[:, qi]
+            merge_(o_run[None], lse_run[None], o[None], lse[None])
+            run.out.index_copy_(0, qi, o_run)
+            run.lse.index_copy_(1, qi, lse_run)
+
+    @staticmethod
+    def unflatten(run: _Running, q: torch.Tensor) -> None:
+        if run.out is not None and run.lse is not None:
+            b, n, h, d = q.shape
+            run.out = run.out.view(b, n, h, d)
+            run.lse = run.lse.view(h, b, n).permute(1, 0, 2).contiguous()
+
+    def grads(
+        self,
+        step: int,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        dq: torch.Tensor,
+    ) -> AddGrads:
+        b, n, h, d = q.shape
+        flat = (dout.reshape(b * n, h, d), q.reshape(b * n, h, d), out.reshape(b * n, h, d))
+        dof, qf, of = flat
+        kf, vf = kv[0].reshape(b * n, -1, d), kv[1].reshape(b * n, -1, d)
+        lsef = lse.permute(1, 0, 2).reshape(h, b * n)
+        dqf = dq.view(b * n, h, d)
+        done = []
+        for p in self.packs[step]:
+            qi, ki = p.q_index, p.k_index
+            g = self.kernel.backward(dof[qi], qf[qi], kf[ki], vf[ki], of[qi], lsef[:, qi], p, self.scale)
+            dqf.index_add_(0, qi, g[0].to(dqf.dtype))
+            done.append((ki, g))
+
+        def add(dkv: torch.Tensor) -> None:
+            dkvf = dkv.view(2, b * n, -1, d)
+            for ki, g in done:
+                dkvf[0].index_add_(0, ki, g[1].to(dkvf.dtype))
+                dkvf[1].index_add_(0, ki, g[2].to(dkvf.dtype))
+
+        return add
+
+
+Steps = _PerBlock | _Packed
+
+
+def _forward(q, k, v, steps: Steps, comm, world, overlap):
     kv = torch.stack([k, v])
-    out: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
+    run = _Running()
     for step in range(world):
         last = step + 1 == world
         if overlap and not last:
             comm.send_recv(kv)
-        for blk in plan[step]:
-            r = blk.rows
-            b_out, b_lse = kernel.forward(q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], blk.causal, scale)
-            if out is None and _covers_all(blk, n):  # dense step 0: the diagonal block covers every row
-                out, lse = b_out.to(acc), b_lse.to(acc).contiguous()
-                continue
-            if out is None or lse is None:  # packed documents: rows start empty and fill block by block
-                out = torch.zeros(q.shape, dtype=acc, device=q.device)
-                lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
-            merge_(out[r, blk.q], lse[r, :, blk.q], b_out, b_lse)
+        steps.fold(step, q, kv, run)
         if not last:
             if not overlap:
                 comm.send_recv(kv)
             kv = comm.wait()
-    return out, lse
+    if isinstance(steps, _Packed):
+        steps.unflatten(run, q)
+    return run.out, run.lse
 
 
 def _exchanging(comm: RingComm | None) -> RingComm:
@@ -60,7 +175,7 @@ def _exchanging(comm: RingComm | None) -> RingComm:
     return comm
 
 
-def _backward(dout, q, k, v, out, lse, plan, group, world, scale, kernel):
+def _backward(dout, q, k, v, out, lse, steps: Steps, group, world):
     acc = _acc_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv = torch.stack([k, v])
@@ -70,26 +185,10 @@ def _backward(dout, q, k, v, out, lse, plan, group, world, scale, kernel):
         last = step + 1 == world
         if not last:
             _exchanging(kv_comm).send_recv(kv)
-        grads = []
-        for blk in plan[step]:
-            r = blk.rows
-            g = kernel.backward(
-                dout[r, blk.q],
-                q[r, blk.q],
-                kv[0][r, blk.kv],
-                kv[1][r, blk.kv],
-                out[r, blk.q],
-                lse[r, :, blk.q],
-                blk.causal,
-                scale,
-            )
-            dq[r, blk.q] += g[0]
-            grads.append((blk, g))
+        add_grads = steps.grads(step, dout, q, kv, out, lse, dq)
         # The dkv that arrived meanwhile belongs to the K/V block we hold now: add our part, pass it on.
         dkv = _exchanging(dkv_comm).wait() if step > 0 else torch.zeros(kv.shape, dtype=acc, device=q.device)
-        for blk, g in grads:
-            dkv[0][blk.rows, blk.kv] += g[1]
-            dkv[1][blk.rows, blk.kv] += g[2]
+        add_grads(dkv)
         if world > 1:
             _exchanging(dkv_comm).send_recv(dkv)
         if not last:
@@ -99,17 +198,27 @@ def _backward(dout, q, k, v, out, lse, plan, group, world, scale, kernel):
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
+def _steps(q: torch.Tensor, causal, layout, rank, world, scale, docs) -> Steps:
+    """How each ring step is computed: packed varlen calls for documents where a varlen kernel runs, else blocks."""
+    n = q.shape[1]
+    varlen = select_varlen(q.device, q.dtype, q.shape[-1]) if docs is not None else None
+    if varlen is not None:
+        packs = ring_packs(layout, causal, rank, world, n, docs, q.shape[0])
+        return _Packed([[p.to(q.device) for p in step] for step in packs], varlen, scale)
+    kernel = select_kernel(q.device, q.dtype, q.shape[-1])
+    return _PerBlock(ring_plan(layout, causal, rank, world, n, docs), kernel, scale)
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, layout, group, scale, overlap, docs):
         rank, world = _rank_world(group)
-        kernel = select_kernel(q.device, q.dtype, q.shape[-1])
         comm = RingComm(group) if world > 1 else None
-        plan = ring_plan(layout, causal, rank, world, q.shape[1], docs)
-        out, lse = _forward(q, k, v, plan, comm, world, scale, kernel, overlap)
+        steps = _steps(q, causal, layout, rank, world, scale, docs)
+        out, lse = _forward(q, k, v, steps, comm, world, overlap)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (plan, group, world, scale, kernel)
+        ctx.args = (steps, group, world)
         return out
 
     @staticmethod
