@@ -277,6 +277,7 @@ class Controller:
         for jid in list(self._ended_seen):
             if jid not in alive:
                 del self._ended_seen[jid]
+        preemptible = {JobState.PLACING, JobState.RUNNING}  # RETRYING → PLACING/RUNNING when the driver is back
         for job in active:
             if job.submission_id is None:
                 continue
@@ -301,6 +302,21 @@ class Controller:
                 continue
             if not info.status.finished:
                 self._ended_seen.pop(job.id, None)
+                preempted = info.status == DriverStatus.PREEMPTED and not job.cancel_requested
+                if preempted and JobState(job.state) in preemptible:
+                    # The queue in front of the cluster (Kueue) took the driver's resources back; the submission
+                    # stays. Re-admitted, it starts this attempt's driver again (same ingest token), which resumes
+                    # from the last checkpoint and reports PLACING/RUNNING: no restart used, nothing resubmitted.
+                    reason = f"{info.message}; waits to be admitted again, then resumes from the last checkpoint"
+                    try:
+                        moved = await asyncio.to_thread(
+                            self.store.transition, job.id, JobState.RETRYING, reason, only_from=preemptible
+                        )
+                    except (JobNotFound, StoreError) as e:
+                        log.warning("job %s: could not record the preemption (%s)", job.id, e)
+                    else:
+                        if moved:
+                            log.warning("job %s: %s", job.id, reason)
                 continue
             first = self._ended_seen.setdefault(job.id, now)
             if now - first < self.settings.reconcile_grace_s:

@@ -151,7 +151,15 @@ def rayjob_for(template: dict[str, Any], req: LaunchRequest, *, python: str = "p
 
 
 def status_of(rayjob: dict[str, Any]) -> DriverInfo:
-    """KubeRay's view of a RayJob as a driver status (`jobDeploymentStatus` is KubeRay's, `jobStatus` Ray's)."""
+    """KubeRay's view of a RayJob as a driver status (`jobDeploymentStatus` is KubeRay's, `jobStatus` Ray's).
+
+    A RayJob suspended again after Kueue admitted it was preempted: KubeRay deletes its cluster (the driver dies
+    without a final report), resets `jobStatus` and goes `Suspending` → `Suspended`; on re-admission it starts a
+    new cluster and submits the same entrypoint and runtime env: the same attempt's driver, same ingest token.
+    Why `metadata.generation` tells the two suspended kinds apart: the API server bumps it for spec changes only
+    (not status, not metadata), the launcher creates the RayJob suspended and never changes its spec, and Kueue
+    admits by un-suspending it. So a suspended RayJob at generation > 1 was admitted before; KubeRay's status alone
+    reads the same either way (a never-admitted one also passes `Initializing` → `Suspending` → `Suspended`)."""
     st = rayjob.get("status") or {}
     deploy, ray_status = st.get("jobDeploymentStatus") or "", st.get("jobStatus") or ""
     why = ": ".join(x for x in (st.get("reason"), st.get("message")) if x)
@@ -159,9 +167,15 @@ def status_of(rayjob: dict[str, Any]) -> DriverInfo:
         return DriverInfo(DriverStatus.FAILED, why or f"RayJob {deploy}")
     if ray_status in ("SUCCEEDED", "FAILED", "STOPPED"):
         return DriverInfo(DriverStatus(ray_status), why)
+    suspended = bool((rayjob.get("spec") or {}).get("suspend"))
+    if suspended and int((rayjob.get("metadata") or {}).get("generation") or 1) > 1:
+        return DriverInfo(
+            DriverStatus.PREEMPTED,
+            "preempted by Kueue (its RayJob was suspended again after admission, usually for a higher-priority job)",
+        )
     if deploy == "Running" and ray_status == "RUNNING":
         return DriverInfo(DriverStatus.RUNNING, why)
-    if (rayjob.get("spec") or {}).get("suspend") or deploy in ("Suspended", "Suspending"):
+    if suspended or deploy in ("Suspended", "Suspending"):
         return DriverInfo(DriverStatus.PENDING, "waiting for Kueue to admit the RayJob (ClusterQueue quota)")
     return DriverInfo(DriverStatus.PENDING, why or f"RayJob {deploy or 'created'}; its Ray cluster is starting")
 

@@ -37,6 +37,9 @@ class DriverStatus(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     UNKNOWN = "UNKNOWN"  # the submission id is not known to the cluster (e.g. the head was replaced)
+    # Not Ray's: the queue system in front of the cluster (Kueue) took back the resources of a driver it had let
+    # start. The driver is gone, the submission is not: when admitted again, it starts the same attempt's driver.
+    PREEMPTED = "PREEMPTED"
 
     @property
     def finished(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -108,24 +109,33 @@ def test_cpu_jobs_are_sized_by_cpus_and_bad_ids_are_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("suspend", "deploy", "ray", "want"),
+    ("suspend", "deploy", "ray", "want", "generation"),
     [
-        (True, "", "", DriverStatus.PENDING),  # waiting for Kueue
-        (True, "Suspended", "", DriverStatus.PENDING),  # preempted by Kueue: comes back when admitted again
-        (False, "Initializing", "", DriverStatus.PENDING),
-        (False, "Running", "PENDING", DriverStatus.PENDING),
-        (False, "Running", "RUNNING", DriverStatus.RUNNING),
-        (False, "Running", "SUCCEEDED", DriverStatus.SUCCEEDED),
-        (False, "Complete", "SUCCEEDED", DriverStatus.SUCCEEDED),
-        (False, "Complete", "STOPPED", DriverStatus.STOPPED),
-        (False, "Failed", "FAILED", DriverStatus.FAILED),
-        (False, "Failed", "", DriverStatus.FAILED),  # e.g. SubmissionFailed, DeadlineExceeded
-        (False, "ValidationFailed", "", DriverStatus.FAILED),
+        (True, "", "", DriverStatus.PENDING, 1),  # waiting for Kueue
+        (True, "Suspended", "", DriverStatus.PENDING, 1),  # never admitted: KubeRay suspends a new RayJob too
+        # suspended again after admission (spec changed since creation): preempted by Kueue, whatever KubeRay's
+        # progress (not reacted yet, deleting the cluster, done)
+        (True, "Running", "RUNNING", DriverStatus.PREEMPTED, 3),
+        (True, "Suspending", "RUNNING", DriverStatus.PREEMPTED, 3),
+        (True, "Suspended", "", DriverStatus.PREEMPTED, 3),
+        (False, "Suspended", "", DriverStatus.PENDING, 4),  # admitted again: KubeRay starts a new cluster
+        (False, "Initializing", "", DriverStatus.PENDING, 2),
+        (False, "Running", "PENDING", DriverStatus.PENDING, 2),
+        (False, "Running", "RUNNING", DriverStatus.RUNNING, 2),
+        (False, "Running", "SUCCEEDED", DriverStatus.SUCCEEDED, 2),
+        (False, "Complete", "SUCCEEDED", DriverStatus.SUCCEEDED, 2),
+        (False, "Complete", "STOPPED", DriverStatus.STOPPED, 2),
+        (False, "Failed", "FAILED", DriverStatus.FAILED, 2),
+        (False, "Failed", "", DriverStatus.FAILED, 2),  # e.g. SubmissionFailed, DeadlineExceeded
+        (False, "ValidationFailed", "", DriverStatus.FAILED, 2),
     ],
 )
-def test_kuberay_status_maps_to_the_driver_status(suspend: bool, deploy: str, ray: str, want: DriverStatus) -> None:
+def test_kuberay_status_maps_to_the_driver_status(
+    suspend: bool, deploy: str, ray: str, want: DriverStatus, generation: int
+) -> None:
     info = status_of(
         {
+            "metadata": {"generation": generation},
             "spec": {"suspend": suspend},
             "status": {
                 "jobDeploymentStatus": deploy,
@@ -137,6 +147,8 @@ def test_kuberay_status_maps_to_the_driver_status(suspend: bool, deploy: str, ra
     assert info.status is want
     if suspend:
         assert "Kueue" in info.message
+    if want is DriverStatus.PREEMPTED:
+        assert not want.finished and "preempted" in info.message
     if want is DriverStatus.FAILED and ray == "FAILED":
         assert info.message == "AppFailed"
 
@@ -147,6 +159,7 @@ class KubeStub:
         self.rayjobs: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, tuple[dict[str, str], str]] = {}  # name → (labels, log)
         self.deleted: list[str] = []
+        self.reads: Counter[str] = Counter()  # GETs of each RayJob: one per reconciler pass while its job is active
         self.lock = threading.Lock()
         stub = self
 
@@ -194,7 +207,7 @@ class KubeStub:
                 return 422, {"kind": "Status", "code": 422, "reason": "Invalid", "message": "; ".join(errors)}
             if body["metadata"]["name"] in self.rayjobs:
                 return 409, {"kind": "Status", "code": 409, "reason": "AlreadyExists"}
-            body["metadata"].update(namespace=NS, creationTimestamp="2026-11-29T00:00:00Z")
+            body["metadata"].update(namespace=NS, creationTimestamp="2026-11-29T00:00:00Z", generation=1)
             self.rayjobs[body["metadata"]["name"]] = body
             return 201, body
         if path.startswith(rayjobs + "/"):
@@ -203,6 +216,7 @@ class KubeStub:
             if method == "DELETE":
                 self.deleted.append(name)
                 return 200, self.rayjobs.pop(name)
+            self.reads[name] += 1
             return 200, self.rayjobs[name]
         if path == pods:
             key, _, want = query["labelSelector"][0].partition("=")
@@ -216,10 +230,21 @@ class KubeStub:
         return 404, {"kind": "Status", "code": 404}
 
     def set(self, name: str, *, suspend: bool = False, **status: str) -> None:
-        """Play Kueue (admission: suspend false) and KubeRay (status)."""
+        """Play Kueue (admission: suspend false; preemption: true again) and KubeRay (status). A spec change bumps
+        `metadata.generation`, as the API server does for a CRD with a status subresource (status changes don't)."""
         with self.lock:
-            self.rayjobs[name]["spec"]["suspend"] = suspend
-            self.rayjobs[name]["status"] = status
+            job = self.rayjobs[name]
+            if job["spec"]["suspend"] != suspend:
+                job["spec"]["suspend"] = suspend
+                job["metadata"]["generation"] += 1
+            job["status"] = status
+
+    def passes(self, name: str, n: int = 2) -> None:
+        """Wait until the reconciler has read the RayJob `n` more times: at least `n - 1` whole passes saw its
+        current state."""
+        with self.lock:
+            target = self.reads[name] + n
+        wait_for(lambda: self.reads[name] >= target, timeout=30)
 
     def created(self, job_id: str) -> list[str]:
         with self.lock:
@@ -283,6 +308,81 @@ def test_the_control_plane_runs_each_job_as_a_rayjob(tmp_path: Path, kube: KubeS
         wait_for(lambda: name in kube.deleted, timeout=30)
         wait_for(lambda: c.get(f"/v1/jobs/{cancelled}").json()["state"] == "CANCELLED", timeout=30)
         assert kube.created(ok) and not kube.created(cancelled)
+
+
+def test_kueue_preemption_waits_for_the_same_rayjob_and_resumes(tmp_path: Path, kube: KubeStub) -> None:
+    """Kueue preempts a running job: KubeRay deletes its cluster (the driver dies without a final report). The job
+    is RETRYING without using a restart and keeps its RayJob; re-admitted, KubeRay runs the same attempt's driver
+    again, whose token still reports, and which resumes from its last checkpoint: no point is stored twice."""
+    launcher = KubeRayJobLauncher(KubeAPI(kube.url, KUBE_TOKEN), NS, template())
+    quota = [NodeShape(group="gpu", cpus=32, gpus=8, max_nodes=1)]
+    with running(tmp_path, launcher, autoscaler_nodes=quota, checkpoint_dir="/mnt/checkpoints") as srv:
+        c = srv.client(ALICE)
+        jid, waiting = (
+            c.post("/v1/jobs", json={**GPU_SPEC, "name": n, "parallel": {"ring_size": 4}, "max_restarts": 1}).json()[
+                "id"
+            ]
+            for n in ("preempted", "waiting")
+        )
+        wait_for(lambda: kube.created(jid) and kube.created(waiting), timeout=30)
+        for j in (jid, waiting):
+            wait_for(lambda j=j: c.get(f"/v1/jobs/{j}").json()["state"] == "PLACING", timeout=30)
+        (name,), (never_admitted,) = kube.created(jid), kube.created(waiting)
+
+        # admitted; the driver (token from its RayJob) runs and reports steps 0..4
+        kube.set(name, jobDeploymentStatus="Running", jobStatus="RUNNING")
+        token = env_of(kube.rayjobs[name]).ingest_token
+        first = Driver(srv, jid, token=token)
+        assert first.state("RUNNING", reason="training on 1 node(s), 4 rank(s)").status_code == 200
+        assert first.metrics(range(5)).status_code == 200
+
+        # the other job waits in Kueue all along: KubeRay suspends a new RayJob too, that is no preemption
+        kube.set(never_admitted, suspend=True, jobDeploymentStatus="Suspended")
+        # Kueue preempts the running one (suspend again); KubeRay deletes the cluster, then reads Suspended
+        kube.set(name, suspend=True, jobDeploymentStatus="Suspending", jobStatus="RUNNING")
+        job = wait_for(lambda: (x := c.get(f"/v1/jobs/{jid}").json())["state"] == "RETRYING" and x, timeout=30)
+        kube.set(name, suspend=True, jobDeploymentStatus="Suspended")
+        kube.passes(name, 3)
+        job = c.get(f"/v1/jobs/{jid}").json()
+        (why,) = [t["reason"] for t in job["transitions"] if t["to"] == "RETRYING"]
+        assert why.startswith("preempted by Kueue") and "higher-priority" in why, why
+        assert "waits to be admitted again, then resumes from the last checkpoint" in why, why
+        assert job["state"] == "RETRYING" and job["restarts"] == 0 and job["error"] is None, job
+        assert kube.created(jid) == [name] and name not in kube.deleted, "Kueue re-admits the same RayJob"
+        other = c.get(f"/v1/jobs/{waiting}").json()
+        assert other["state"] == "PLACING" and [t["to"] for t in other["transitions"]] == ["QUEUED", "PLACING"]
+
+        # re-admitted: KubeRay submits the same entrypoint and runtime env, i.e. this attempt's driver and token
+        kube.set(name, jobDeploymentStatus="Running", jobStatus="RUNNING")
+        assert env_of(kube.rayjobs[name]).ingest_token == token
+        again = Driver(srv, jid, token=token)
+        hello = again.post([])  # the reporter's handshake: numbering continues after the stored reports
+        assert hello.status_code == 200, hello.text
+        again.seq = hello.json()["acked_seq"]
+        assert again.seq == first.seq
+        # it replays its journal up to the checkpoint at step 2 (held already: skipped), says it resumes there
+        # (steps 3 and 4 of the preempted run are superseded), and trains on with values of its own
+        replay = [again.item("metric", step=s, name="loss", value=1.0 / (s + 1), replay=True) for s in range(3)]
+        assert again.post(replay).status_code == 200
+        assert again.state("PLACING", reason="waiting for 4 GPUs", resume_step=2).status_code == 200
+        assert again.state("RUNNING", reason="training on 1 node(s), 4 rank(s)").status_code == 200
+        assert c.get(f"/v1/jobs/{jid}").json()["state"] == "RUNNING"
+        fresh = [again.item("metric", step=s, name="loss", value=2.0 / (s + 1)) for s in range(3, 7)]
+        assert again.post(fresh).status_code == 200
+        assert again.state("SUCCEEDED", reason="finished at step 6").status_code == 200
+        kube.set(name, jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+
+        job = c.get(f"/v1/jobs/{jid}").json()
+        assert [t["to"] for t in job["transitions"]] == [
+            "QUEUED", "PLACING", "RUNNING", "RETRYING", "PLACING", "RUNNING", "SUCCEEDED",
+        ]  # fmt: skip
+        assert job["state"] == "SUCCEEDED" and job["restarts"] == 0 and kube.created(jid) == [name]
+        points = c.get(f"/v1/jobs/{jid}/metrics").json()["points"]
+        assert sorted((p["step"], p["value"]) for p in points) == [
+            *((s, pytest.approx(1.0 / (s + 1))) for s in range(3)),
+            *((s, pytest.approx(2.0 / (s + 1))) for s in range(3, 7)),
+        ], points
+        assert c.get(f"/v1/jobs/{waiting}").json()["state"] == "PLACING"
 
 
 def test_an_api_server_refusal_is_retried_then_fails_the_job(tmp_path: Path, kube: KubeStub) -> None:
