@@ -79,7 +79,9 @@ def test_watermark_past_the_checkpoint_replays_nothing(tmp_path: Path) -> None:
 def test_no_checkpoint_starts_over(tmp_path: Path) -> None:
     _emit_steps(tmp_path, 2, range(1, 4))
     plan = plan_resume(tmp_path, Delivered(2))
-    assert plan.step == 0 and plan.replay == []
+    # an earlier run got this far without a checkpoint (e.g. Kueue preempted it): its points 1..3 are superseded
+    assert plan.step == 0 and plan.replay == [] and plan.ran_before
+    assert not plan_resume(tmp_path / "fresh", Delivered(2)).ran_before  # a job's first run supersedes nothing
 
 
 @pytest.fixture

@@ -102,8 +102,10 @@ class JobDriver:
     def run(self) -> int:
         """Returns the process exit code: 0 for SUCCEEDED/CANCELLED, 1 for FAILED."""
         plan = self.resume()
-        # A resubmitted driver says where it resumes in its first report: its predecessor's later points go.
-        first_resume: int | None = plan.step if (plan.step or self.env.attempt) else None
+        # A driver that is not the job's first run says where it resumes in its first report, so the earlier run's
+        # later points go: a resubmitted driver (attempt > 0), or this attempt started again by KubeRay after
+        # Kueue preempted it before its first checkpoint (its metrics journal is already there).
+        first_resume: int | None = plan.step if (plan.step or self.env.attempt or plan.ran_before) else None
         while True:
             try:
                 self.group = None

@@ -47,15 +47,18 @@ class Delivered:
 class ResumePlan:
     step: int  # the checkpoint to continue from (0: from scratch)
     replay: list[MetricPoint]  # journal points after the watermark, through `step`, in step order
+    ran_before: bool = False  # an earlier run of this job wrote metrics here (its later points must be superseded)
 
 
 def plan_resume(checkpoint_dir: str | Path, delivered: Delivered) -> ResumePlan:
     step = latest_step(checkpoint_dir) or 0
     found: list[tuple[int, int, int, MetricPoint]] = []
+    ran_before = False
     for r in range(delivered.world):
         for i, p in enumerate(read_journal(checkpoint_dir, r)):
+            ran_before = True
             own = p.rank == r or (p.rank is None and r == 0)  # global series come from rank 0 only
             if own and p.step <= step and not delivered.holds(p):
                 found.append((p.step, r, i, p))
     found.sort(key=lambda t: t[:3])
-    return ResumePlan(step=step, replay=[p for *_, p in found])
+    return ResumePlan(step=step, replay=[p for *_, p in found], ran_before=ran_before)
