@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +55,6 @@ class KubeAPI:
 
     @classmethod
     def in_cluster(cls, url: str = "") -> KubeAPI:
-        import os
-
         if not url:
             host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
             if not host:
@@ -220,16 +219,8 @@ class KubeRayJobLauncher:
 
     def logs(self, submission_id: str) -> str:
         """The submitter's log (KubeRay's submitter Job has the RayJob's name): it follows the driver's output."""
-        pods = (
-            self._call(
-                "GET",
-                f"/api/v1/namespaces/{self.namespace}/pods",
-                (200,),
-                params={"labelSelector": f"job-name={submission_id}"},
-            )
-            .json()
-            .get("items", [])
-        )
+        selector = {"labelSelector": f"job-name={submission_id}"}
+        pods = self._call("GET", f"/api/v1/namespaces/{self.namespace}/pods", (200,), params=selector).json()["items"]
         if not pods:
             return ""
         newest = max(pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
