@@ -1,7 +1,8 @@
 """Hands queued jobs to the launcher and reconciles the cluster's view with the store.
 
 - scheduler: QUEUED jobs wait in the admission queue (`service.admission`: priority, then submission time;
-  per-owner quotas; only what fits the cluster's free capacity now starts, so a queued job holds nothing) and
+  per-owner quotas; only what fits the cluster's free capacity now starts, so a queued job holds nothing — where
+  each job brings its own cluster (Kueue mode) every job that fits the total goes to Kueue at once) and
   each waiting job's position and reason are stored; an admitted job (and an active job without a submission id:
   its driver was lost, or the control plane crashed) is submitted with a fresh per-job ingest token; Ray
   submission failures are retried with back-off, then the job FAILS with the launcher's message. A queued job the
@@ -11,8 +12,9 @@
   requested) after `reconcile_grace_s`, so a final report still in flight wins; a driver that FAILED (crashed,
   killed, its node lost) is resubmitted as the next attempt while the job has restarts left, and one Ray no
   longer knows (a replaced head) without using a restart (RETRYING; the new
-  driver resumes from the last checkpoint and reports that step, which supersedes later points). A cancel the driver
-  never confirms is forced after `cancel_grace_s`. After a restart nothing special is needed: running
+  driver resumes from the last checkpoint and reports that step, which supersedes later points). A driver the
+  queue in front of the cluster took back (Kueue preemption) moves its job to RETRYING until the same submission
+  runs again. A cancel the driver never confirms is forced after `cancel_grace_s`. After a restart nothing special is needed: running
   drivers keep reporting to the same URL with their token and the reconciler picks their jobs up again.
 """
 
@@ -277,7 +279,6 @@ class Controller:
         for jid in list(self._ended_seen):
             if jid not in alive:
                 del self._ended_seen[jid]
-        preemptible = {JobState.PLACING, JobState.RUNNING}  # RETRYING → PLACING/RUNNING when the driver is back
         for job in active:
             if job.submission_id is None:
                 continue
@@ -302,21 +303,8 @@ class Controller:
                 continue
             if not info.status.finished:
                 self._ended_seen.pop(job.id, None)
-                preempted = info.status == DriverStatus.PREEMPTED and not job.cancel_requested
-                if preempted and JobState(job.state) in preemptible:
-                    # The queue in front of the cluster (Kueue) took the driver's resources back; the submission
-                    # stays. Re-admitted, it starts this attempt's driver again (same ingest token), which resumes
-                    # from the last checkpoint and reports PLACING/RUNNING: no restart used, nothing resubmitted.
-                    reason = f"{info.message}; waits to be admitted again, then resumes from the last checkpoint"
-                    try:
-                        moved = await asyncio.to_thread(
-                            self.store.transition, job.id, JobState.RETRYING, reason, only_from=preemptible
-                        )
-                    except (JobNotFound, StoreError) as e:
-                        log.warning("job %s: could not record the preemption (%s)", job.id, e)
-                    else:
-                        if moved:
-                            log.warning("job %s: %s", job.id, reason)
+                if info.status == DriverStatus.PREEMPTED and not job.cancel_requested:
+                    await self._preempted(job, info.message)
                 continue
             first = self._ended_seen.setdefault(job.id, now)
             if now - first < self.settings.reconcile_grace_s:
@@ -339,6 +327,22 @@ class Controller:
                     max_restarts = int((job.spec or {}).get("max_restarts", 0))  # no re-validation: files may be gone
                     reason += f"; no restarts left (max_restarts {max_restarts})"
                 await self._end(job.id, JobState.FAILED, reason)
+
+    async def _preempted(self, job: Job, why: str) -> None:
+        """The queue in front of the cluster (Kueue) took a started driver's resources back; the submission stays.
+        Re-admitted, it starts this attempt's driver again (same ingest token), which resumes from the last
+        checkpoint and reports PLACING/RUNNING (allowed from RETRYING): no restart used, nothing resubmitted."""
+        live = {JobState.PLACING, JobState.RUNNING}
+        if JobState(job.state) not in live:
+            return
+        reason = f"{why}; waits to be admitted again, then resumes from the last checkpoint"
+        try:
+            moved = await asyncio.to_thread(self.store.transition, job.id, JobState.RETRYING, reason, only_from=live)
+        except (JobNotFound, StoreError) as e:
+            log.warning("job %s: could not record the preemption (%s)", job.id, e)
+            return
+        if moved:
+            log.warning("job %s: %s", job.id, reason)
 
     async def _resubmit(self, job_id: str, submission_id: str, reason: str, *, counts: bool = True) -> bool:
         """A lost driver is a lost rank of a bigger kind: while restarts remain, RETRYING and a new driver (next
