@@ -14,8 +14,9 @@
   longer knows (a replaced head) without using a restart (RETRYING; the new
   driver resumes from the last checkpoint and reports that step, which supersedes later points). A driver the
   queue in front of the cluster took back (Kueue preemption) moves its job to RETRYING until the same submission
-  runs again. A cancel the driver never confirms is forced after `cancel_grace_s`. After a restart nothing special is needed: running
-  drivers keep reporting to the same URL with their token and the reconciler picks their jobs up again.
+  runs again. A cancel the driver never confirms is forced after `cancel_grace_s`. After a restart nothing special
+  is needed: running drivers keep reporting to the same URL with their token and the reconciler picks their jobs
+  up again.
 """
 
 from __future__ import annotations
