@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 
 from workers.attention.kernels import BlockKernel, Grads, _pad8, select_kernel
-from workers.attention.plan import ALL_ROWS, Block, Documents, ring_plan
+from workers.attention.plan import Block, Documents, ring_plan
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,7 @@ def _pack(blocks: list[Block], causal: bool, batch: int, n: int) -> Pack:
     ks: list[torch.Tensor] = []
     cu_q, cu_k = [0], [0]
     for blk in blocks:
-        rows = range(batch)[blk.rows] if blk.rows != ALL_ROWS else range(batch)
-        for row in rows:
+        for row in range(batch)[blk.rows]:
             qs.append(torch.arange(blk.q.start, blk.q.stop) + row * n)
             ks.append(torch.arange(blk.kv.start, blk.kv.stop) + row * n)
             cu_q.append(cu_q[-1] + len(qs[-1]))
