@@ -231,13 +231,13 @@ def test_packs_hold_exactly_the_plan_blocks(world: int) -> None:
                 assert sorted(got) == want, (layout, causal, rank)
 
 
-def test_varlen_selection() -> None:
+def test_varlen_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CPU the per-block path is the default (no gather needed); `loop` forces packing; bad values are refused."""
     cpu = torch.device("cpu")
+    monkeypatch.delenv("RINGTRAIN_ATTN_VARLEN", raising=False)
     assert select_varlen(cpu, torch.float32, 64) is None
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RINGTRAIN_ATTN_VARLEN", "loop")
-        assert select_varlen(cpu, torch.float32, 64) == LoopVarlen(TorchCpuFlash())
-        mp.setenv("RINGTRAIN_ATTN_VARLEN", "yes")
-        with pytest.raises(ValueError, match="RINGTRAIN_ATTN_VARLEN"):
-            select_varlen(cpu, torch.float32, 64)
+    monkeypatch.setenv("RINGTRAIN_ATTN_VARLEN", "loop")
+    assert select_varlen(cpu, torch.float32, 64) == LoopVarlen(TorchCpuFlash())
+    monkeypatch.setenv("RINGTRAIN_ATTN_VARLEN", "yes")
+    with pytest.raises(ValueError, match="RINGTRAIN_ATTN_VARLEN"):
+        select_varlen(cpu, torch.float32, 64)

@@ -60,6 +60,10 @@ class _PerBlock:
                 run.lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
             merge_(run.out[r, blk.q], run.lse[r, :, blk.q], b_out, b_lse)
 
+    @staticmethod
+    def finish(run: _Running, q: torch.Tensor) -> None:
+        """Nothing to do: blocks fold in place into out [B, S, H, D], lse [B, H, S]."""
+
     def grads(
         self,
         step: int,
@@ -110,7 +114,8 @@ class _Packed:
             run.lse.index_copy_(1, qi, lse_run)
 
     @staticmethod
-    def unflatten(run: _Running, q: torch.Tensor) -> None:
+    def finish(run: _Running, q: torch.Tensor) -> None:
+        """Back from the flat layout to out [B, S, H, D], lse [B, H, S]."""
         if run.out is not None and run.lse is not None:
             b, n, h, d = q.shape
             run.out = run.out.view(b, n, h, d)
@@ -127,8 +132,7 @@ class _Packed:
         dq: torch.Tensor,
     ) -> AddGrads:
         b, n, h, d = q.shape
-        flat = (dout.reshape(b * n, h, d), q.reshape(b * n, h, d), out.reshape(b * n, h, d))
-        dof, qf, of = flat
+        dof, qf, of = (x.reshape(b * n, h, d) for x in (dout, q, out))
         kf, vf = kv[0].reshape(b * n, -1, d), kv[1].reshape(b * n, -1, d)
         lsef = lse.permute(1, 0, 2).reshape(h, b * n)
         dqf = dq.view(b * n, h, d)
@@ -163,8 +167,7 @@ def _forward(q, k, v, steps: Steps, comm, world, overlap):
             if not overlap:
                 comm.send_recv(kv)
             kv = comm.wait()
-    if isinstance(steps, _Packed):
-        steps.unflatten(run, q)
+    steps.finish(run, q)
     return run.out, run.lse
 
 
