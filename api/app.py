@@ -36,6 +36,7 @@ class NoClusterLauncher:
     """Used when no Ray address is configured: every call explains how to configure one."""
 
     MESSAGE = "no Ray cluster configured: set RINGTRAIN_RAY_ADDRESS, or use `ringtrain serve` (starts a local head)"
+    submitted = "driver submitted (submission {sid})"
 
     def submit(self, req: LaunchRequest) -> str:
         raise RuntimeError(self.MESSAGE)

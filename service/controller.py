@@ -232,7 +232,7 @@ class Controller:
             self.store.transition,
             job_id,
             JobState.PLACING,
-            f"driver submitted to Ray (submission {sid})",
+            self.launcher.submitted.format(sid=sid),
             only_from={JobState.QUEUED},
         )
 

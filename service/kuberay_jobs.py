@@ -180,6 +180,10 @@ def status_of(rayjob: dict[str, Any]) -> DriverInfo:
 
 
 class KubeRayJobLauncher:
+    submitted = (
+        "RayJob {sid} created: it waits for Kueue to admit it (ClusterQueue quota), then KubeRay starts its cluster"
+    )
+
     def __init__(self, api: KubeAPI, namespace: str, template: dict[str, Any], *, python: str = "python") -> None:
         if template.get("kind") != "RayJob":
             raise ValueError(f"the RayJob template is a {template.get('kind')!r}, not a RayJob")

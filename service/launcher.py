@@ -72,6 +72,9 @@ class ClusterInfo:
 
 
 class Launcher(Protocol):
+    # The PLACING reason once `submit` returned the submission id `{sid}`: where the driver is, what it waits for.
+    submitted: str
+
     def submit(self, req: LaunchRequest) -> str:
         """Start the job's driver; returns its submission id. Same (job_id, attempt) → same id."""
         ...

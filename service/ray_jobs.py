@@ -71,6 +71,8 @@ def driver_environment(req: LaunchRequest) -> dict[str, str]:
 
 
 class RayJobLauncher:
+    submitted = "driver submitted to Ray (submission {sid})"
+
     def __init__(
         self,
         address: str,

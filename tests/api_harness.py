@@ -48,6 +48,7 @@ class RecordingLauncher:
     statuses: dict[str, DriverInfo] = field(default_factory=dict)
     fail_submits: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    submitted: str = "driver submitted to Ray (submission {sid})"
 
     def submit(self, req: LaunchRequest) -> str:
         with self.lock:

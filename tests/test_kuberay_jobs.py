@@ -278,6 +278,7 @@ def test_the_control_plane_runs_each_job_as_a_rayjob(tmp_path: Path, kube: KubeS
         for j in (ok, failing, cancelled):
             job = wait_for(lambda j=j: (x := c.get(f"/v1/jobs/{j}").json())["state"] == "PLACING" and x, timeout=30)
             assert job["queue_position"] is None
+            assert "waits for Kueue to admit it" in job["transitions"][-1]["reason"], job["transitions"]
 
         # ok: Kueue admits it, the driver (token from its RayJob) reports, KubeRay reports completion
         (name,) = kube.created(ok)
