@@ -12,16 +12,20 @@ the whole step:
 
     state       = 16·P / W                              (fp32 param, grad, AdamW exp_avg + exp_avg_sq shards)
     gathered    = 4·(2·P_root + 3·P_block)              (root params + grads, two blocks + one block's grad)
-    activations = 4·b·t·L·(6·d + 2·d_kv + 3·f + h)      without activation checkpointing
-                  4·b·t·[L·d + (6·d + 2·d_kv + 3·f + h)] with (block inputs kept, one block recomputed)
+    activations = 4·b·t·[L·(6·d + 2·d_q + 2·d_kv + 4·f + h) + 2·d + e]      without activation checkpointing
+                  4·b·t·[L·d + (6·d + 2·d_q + 2·d_kv + 4·f + h) + 2·d + e] with (block inputs kept, one recomputed)
     loss        = 4·(2·c·V + V·d + 2·b·t·d)             (chunked: one chunk's logits + softmax, the head's
                                                          fp32 gradient sum, hidden states and their gradient)
     ring_buffers= 4·b·t·2·d_kv·2                        (K and V blocks: the one computed + the one in flight)
 
 with b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local tokens, L
-layers, d = d_model, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads (log-sum-exp per head),
-V = vocab, c = min(LOSS_CHUNK_TOKENS, b·t) tokens per loss chunk. bench/fsdp_memory.py compares this
-with measured per-rank peaks (BENCHMARKS.md).
+layers, d = d_model, d_q = n_heads·head_dim, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads
+(log-sum-exp per head), e = head_dim (the RoPE tables; 2·d: the embedding output and the final norm's),
+V = vocab, c = min(LOSS_CHUNK_TOKENS, b·t) tokens per loss chunk. A block keeps, per token: two RMSNorm
+outputs and their weighted copies (4·d), q, k, v and the attention output (2·d_q + 2·d_kv), its log-sum-exp (h),
+the two residual sums (2·d) and SwiGLU's gate, up, SiLU and product (4·f): what autograd saves for the backward
+in `workers.models.llama.Block`, compared with autograd's own count in tests/test_sharding.py.
+bench/fsdp_memory.py compares the total with measured per-rank peaks (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -80,10 +84,12 @@ def memory_estimate(spec: JobSpec) -> dict[str, Any]:
     b = spec.train.batch_size // p.data_parallel
     t = spec.data.seq_len // (p.ring_size * ulysses)
     d, kvd, f, h, V, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.vocab_size, m.n_layers
+    qd = m.n_heads * m.head_dim
     p_block = block_param_count(spec)
     p_root = P - L * p_block
-    per_layer = 6 * d + 2 * kvd + 3 * f + h
+    per_layer = 6 * d + 2 * qd + 2 * kvd + 4 * f + h
     kept_layers = d * L + per_layer if spec.train.activation_checkpointing else L * per_layer
+    kept_layers += 2 * d + m.head_dim
     act = 4 * b * t * kept_layers
     chunk = min(LOSS_CHUNK_TOKENS, b * t)
     parts = {
@@ -103,7 +109,8 @@ def memory_estimate(spec: JobSpec) -> dict[str, Any]:
         "bytes": parts,
         "total_bytes": sum(parts.values()),
         "formula": "16·P/W (params, grads, AdamW: sharded over all W ranks) + 4·(2·P_root + 3·P_block) (gathered "
-        "by FSDP) + 4·b·t·L·(6d + 2d_kv + 3f + h) (activations; L·d + one layer with activation checkpointing) "
+        "by FSDP) + 4·b·t·[L·(6d + 2d_q + 2d_kv + 4f + h) + 2d + head_dim] (activations; L·d + one layer with "
+        "activation checkpointing) "
         "+ 4·(2·c·V + V·d + 2·b·t·d) (chunked loss, c ≤ 4096 tokens) + 16·b·t·d_kv (ring K/V buffers); fp32, "
         "b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size)",
     }
