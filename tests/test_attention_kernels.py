@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from tests.attention_cases import make_inputs, reference_attention
+from tests.attention_cases import make_inputs, reference_attention, reference_doc_attention
 from workers.attention import kernels, ring_attention
 from workers.attention.kernels import FlashAttn, TorchCpuFlash, _pad8
 
@@ -133,9 +133,74 @@ def _fake_flash_attn(convention: str) -> tuple[types.ModuleType, list[tuple]]:
                 dst.copy_(src)
             return None
 
+    def segments(cu_q, cu_k):  # type: ignore[no-untyped-def]
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        return [(cq[i], cq[i + 1], ck[i], ck[i + 1]) for i in range(len(cq) - 1)]
+
+    def varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):  # type: ignore[no-untyped-def]
+        """Packed [T, H, D] in, (out [T, H, D], lse [H, T]) out, one segment at a time."""
+        assert max_q == max(b - a for a, b, _, _ in segments(cu_q, cu_k)) and cu_q.dtype == torch.int32
+        outs, lses = [], []
+        for q0, q1, k0, k1 in segments(cu_q, cu_k):
+            o, lse = cpu.forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, scale)
+            outs.append(o[0])
+            lses.append(lse[0])
+        return torch.cat(outs), torch.cat(lses, dim=1)
+
+    def varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, scale, causal):  # type: ignore[no-untyped-def]
+        assert lse.shape == (q.shape[1], q.shape[0])
+        for q0, q1, k0, k1 in segments(cu_q, cu_k):
+            g = cpu.backward(
+                dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1],
+                lse[None, :, q0:q1], causal, scale,
+            )  # fmt: skip
+            dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+
+    if convention == "2.7":
+
+        def vfwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+            window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, return_softmax=False,
+            block_table=None, leftpad_k=None, seqused_k=None, zero_tensors=False,
+        ):  # type: ignore[no-untyped-def]  # fmt: skip
+            calls.append(("varlen_fwd", window_size_left, window_size_right, dropout_p, softcap))
+            out, lse = varlen_fwd(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal
+            )
+            return out, lse, None, None
+
+        def vbwd(
+            dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap, alibi_slopes,
+            deterministic, rng_state=None, zero_tensors=False,
+        ):  # type: ignore[no-untyped-def]  # fmt: skip
+            calls.append(("varlen_bwd", window_size_left, window_size_right, deterministic))
+            varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
+    else:
+
+        def vfwd(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+            window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax=False, block_table=None,
+            leftpad_k=None, seqused_k=None,
+        ):  # type: ignore[no-untyped-def]  # fmt: skip
+            calls.append(("varlen_fwd", *window_size, dropout_p, softcap))
+            out, lse = varlen_fwd(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal
+            )
+            return out, q, k, v, out, lse, None, None  # 2.6: lse at index 5
+
+        def vbwd(
+            dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, rng_state=None,
+        ):  # type: ignore[no-untyped-def]  # fmt: skip
+            calls.append(("varlen_bwd", *window_size, deterministic))
+            varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
+
     mod = types.ModuleType("flash_attn.flash_attn_interface")
     mod._flash_attn_forward = fwd  # type: ignore[attr-defined]
     mod._flash_attn_backward = bwd  # type: ignore[attr-defined]
+    mod._flash_attn_varlen_forward = vfwd  # type: ignore[attr-defined]
+    mod._flash_attn_varlen_backward = vbwd  # type: ignore[attr-defined]
     return mod, calls
 
 
@@ -165,6 +230,35 @@ def test_flash_attn_both_call_conventions(convention: str, monkeypatch: pytest.M
         for a, b in [(out, ref), (qr.grad, q2.grad), (kr.grad, k2.grad), (vr.grad, v2.grad)]:
             assert a.shape == b.shape and _rel(a, b) < 1e-5
         assert {c[0] for c in calls} == {"fwd", "bwd"}
+    finally:
+        kernels._flash_attn_api.cache_clear()
+
+
+@pytest.mark.parametrize("convention", ["2.6", "2.7"])
+def test_flash_attn_varlen_both_call_conventions(convention: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packed documents with flash-attn selected go through `FlashAttnVarlen`: the call reaches the release's varlen
+    signature (by keyword where the conventions differ), the lse comes back [heads, total_q], and the result equals
+    the float64 document-masked reference."""
+    mod, calls = _fake_flash_attn(convention)
+    pkg = types.ModuleType("flash_attn")
+    pkg.flash_attn_interface = mod  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", mod)
+    monkeypatch.setenv("RINGTRAIN_ATTN_BACKEND", "flash_attn")
+    kernels._flash_attn_api.cache_clear()
+    try:
+        q, k, v, dout = make_inputs(4, 2, 24, 4, 2, 12, torch.float32)  # head_dim 12: padded to 16
+        cu = torch.tensor([0, 1, 9, 10, 24], dtype=torch.int32)
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+        out = ring_attention(qr, kr, vr, causal=True, cu_seqlens=cu)
+        out.backward(dout)
+        assert {c[0] for c in calls} == {"varlen_fwd", "varlen_bwd"}, "packed documents must not fall back per piece"
+        assert all(c[1:3] == (-1, -1) for c in calls)  # no sliding window
+        q2, k2, v2 = (t.double().requires_grad_() for t in (q, k, v))
+        ref = reference_doc_attention(q2, k2, v2, True, cu)
+        ref.backward(dout.double())
+        for a, b in [(out, ref), (qr.grad, q2.grad), (kr.grad, k2.grad), (vr.grad, v2.grad)]:
+            assert a.shape == b.shape and _rel(a, b) < 1e-5
     finally:
         kernels._flash_attn_api.cache_clear()
 

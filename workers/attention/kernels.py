@@ -202,22 +202,37 @@ class TorchCudaFlash:
         return dq, _fold_heads(dk, hk), _fold_heads(dv, hk)
 
 
+FlashApi = tuple[Callable[..., Any], Callable[..., Any], bool]
+
+
 @functools.cache
-def _flash_attn_api() -> tuple[Callable[..., Any], Callable[..., Any], bool] | None:
-    """(forward, backward, split_window) of flash-attn 2, or None. Probed once: `flash_attn` alone may be a
-    namespace package without FA2 (flash-attn-4 ships only `flash_attn.cute`), so import the interface
-    itself. flash-attn >= 2.7 takes window_size_left/right and returns 4 values from the forward; 2.6 takes
-    one window_size tuple and returns 8 (lse at index 5). Both are supported (pyproject floor: 2.6)."""
+def _flash_attn_api(kind: str = "") -> FlashApi | None:
+    """(forward, backward, split_window) of flash-attn 2's private kernels, or None; `kind` "varlen" for the
+    variable-length ones. Probed once: `flash_attn` alone may be a namespace package without FA2 (flash-attn-4
+    ships only `flash_attn.cute`), so import the interface itself. flash-attn >= 2.7 takes
+    window_size_left/right and its forward returns (out, lse, S, rng); 2.6 takes one window_size tuple and
+    returns 8 values (lse at index 5). Both are supported (pyproject floor: 2.6)."""
+    name = f"_flash_attn{'_' + kind if kind else ''}"
     try:
-        from flash_attn.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
+        import flash_attn.flash_attn_interface as fa
+
+        fwd, bwd = getattr(fa, f"{name}_forward"), getattr(fa, f"{name}_backward")
     except Exception:
         return None
-    params = inspect.signature(_flash_attn_forward).parameters
+    params = inspect.signature(fwd).parameters
     if "window_size_left" in params:
-        return _flash_attn_forward, _flash_attn_backward, True
+        return fwd, bwd, True
     if "window_size" in params and "softcap" in params:
-        return _flash_attn_forward, _flash_attn_backward, False
+        return fwd, bwd, False
     return None  # older than 2.6: no supported convention
+
+
+def flash_api(kind: str = "") -> FlashApi:
+    """`_flash_attn_api(kind)`, or a RuntimeError saying what is missing."""
+    api = _flash_attn_api(kind)
+    if api is None:
+        raise RuntimeError(f"flash-attn >= 2.6 {kind or 'dense'} kernels are not importable (flash_attn_interface)")
+    return api
 
 
 @dataclass(frozen=True)
@@ -227,10 +242,7 @@ class FlashAttn:
     name: str = "flash_attn"
 
     def forward(self, q, k, v, causal, scale):
-        api = _flash_attn_api()
-        if api is None:
-            raise RuntimeError("flash-attn >= 2.6 is not importable (flash_attn.flash_attn_interface)")
-        fwd, _, split_window = api
+        fwd, _, split_window = flash_api()
         d = q.shape[3]
         window = (-1, -1) if split_window else ((-1, -1),)
         res = fwd(_pad8(q), _pad8(k), _pad8(v), 0.0, scale, causal, *window, 0.0, None, False)
@@ -238,10 +250,7 @@ class FlashAttn:
         return out[..., :d], lse
 
     def backward(self, dout, q, k, v, out, lse, causal, scale):
-        api = _flash_attn_api()
-        if api is None:
-            raise RuntimeError("flash-attn >= 2.6 is not importable (flash_attn.flash_attn_interface)")
-        _, bwd, split_window = api
+        _, bwd, split_window = flash_api()
         d = q.shape[3]
         qp, kp, vp = _pad8(q), _pad8(k), _pad8(v)
         dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)

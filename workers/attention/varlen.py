@@ -15,15 +15,13 @@ default on CPU stays the plain per-block path, which needs no gather.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from workers.attention.kernels import BlockKernel, Grads, _pad8, select_kernel
+from workers.attention.kernels import BlockKernel, Grads, _flash_attn_api, _pad8, flash_api, select_kernel
 from workers.attention.plan import Block, Documents, ring_plan
 
 
@@ -158,23 +156,6 @@ class LoopVarlen:
         return dq, dk, dv
 
 
-@functools.cache
-def _flash_varlen_api() -> tuple[Callable[..., Any], Callable[..., Any], bool] | None:
-    """(forward, backward, split_window) of flash-attn 2's varlen kernels, or None; probed once like the dense
-    ones (`kernels._flash_attn_api`): >= 2.7 takes window_size_left/right and returns (out, lse, S, rng); 2.6
-    takes window_size and returns 8 values (lse at index 5). lse is [heads, total_q] in both."""
-    try:
-        from flash_attn.flash_attn_interface import _flash_attn_varlen_backward, _flash_attn_varlen_forward
-    except Exception:
-        return None
-    params = inspect.signature(_flash_attn_varlen_forward).parameters
-    if "window_size_left" in params:
-        return _flash_attn_varlen_forward, _flash_attn_varlen_backward, True
-    if "window_size" in params and "softcap" in params:
-        return _flash_attn_varlen_forward, _flash_attn_varlen_backward, False
-    return None
-
-
 def _window(split: bool) -> dict[str, Any]:
     return {"window_size_left": -1, "window_size_right": -1} if split else {"window_size": (-1, -1)}
 
@@ -186,10 +167,7 @@ class FlashAttnVarlen:
     name: str = "flash_attn_varlen"
 
     def forward(self, q, k, v, pack, scale):
-        api = _flash_varlen_api()
-        if api is None:
-            raise RuntimeError("flash-attn >= 2.6 varlen kernels are not importable (flash_attn.flash_attn_interface)")
-        fwd, _, split = api
+        fwd, _, split = flash_api("varlen")
         d = q.shape[-1]
         res = fwd(
             _pad8(q), _pad8(k), _pad8(v), pack.cu_q, pack.cu_k, pack.max_q, pack.max_k, 0.0, scale, pack.causal,
@@ -201,10 +179,7 @@ class FlashAttnVarlen:
         return out[..., :d], lse
 
     def backward(self, dout, q, k, v, out, lse, pack, scale):
-        api = _flash_varlen_api()
-        if api is None:
-            raise RuntimeError("flash-attn >= 2.6 varlen kernels are not importable (flash_attn.flash_attn_interface)")
-        _, bwd, split = api
+        _, bwd, split = flash_api("varlen")
         d = q.shape[-1]
         qp, kp, vp = _pad8(q), _pad8(k), _pad8(v)
         dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
@@ -226,6 +201,6 @@ def select_varlen(device: torch.device, dtype: torch.dtype, head_dim: int) -> Va
     block = select_kernel(device, dtype, head_dim)
     if mode == "loop":
         return LoopVarlen(block)
-    if mode == "" and block.name == "flash_attn" and _flash_varlen_api() is not None:
+    if mode == "" and block.name == "flash_attn" and _flash_attn_api("varlen") is not None:
         return FlashAttnVarlen()
     return None
