@@ -341,6 +341,31 @@ def running_across(c: httpx.Client, nc: NetCluster, jid: str, ring: int) -> dict
         raise AssertionError(f"{e}\n--- driver log (tail) ---\n{log}") from None
 
 
+def retrying_after(c: httpx.Client, jid: str, wall: float) -> float:
+    """Seconds from `wall` (the fault) to the job's RETRYING; then the ring of 4, which cannot fit on the one host
+    left, waits (still RETRYING or PLACING a few seconds later) instead of failing."""
+    job = wait_job(c, jid, lambda j: "RETRYING" in states(j), 120, "RETRYING")
+    detected = next(t["time"] for t in job["transitions"] if t["to"] == "RETRYING") - wall
+    time.sleep(3)
+    assert get_job(c, jid)["state"] in ("RETRYING", "PLACING")
+    return detected
+
+
+def resumes_once_w2_is_back(
+    c: httpx.Client, nc: NetCluster, jid: str, js: dict[str, Any], t0: float
+) -> tuple[float, dict[str, Any], dict[str, int]]:
+    """Restart host w2; the job runs across both hosts again, succeeds, and holds every metric point exactly once.
+    Returns (seconds from `t0` to RUNNING again, the RETRYING transition, the exactly-once counts)."""
+    nc.restart("w2")
+    back = wait_job(c, jid, lambda j: j["state"] == "RUNNING" and j["restarts"] >= 1, 240, "RUNNING again")
+    recovered = time.monotonic() - t0
+    assert back["metadata"]["ring_node_crossings"] == 2
+    job = finished(c, jid, timeout=300)
+    assert job["state"] == "SUCCEEDED", job["error"]
+    retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
+    return recovered, retry, exactly_once(c, jid, js)
+
+
 # -- 1. a ring of 4 across two hosts; one host is lost and comes back ------------------------------------------------
 def test_ring_across_hosts_survives_node_loss_exactly_once(healthy: NetCluster, tmp_path: Path) -> None:
     nc = healthy
@@ -360,20 +385,9 @@ def test_ring_across_hosts_survives_node_loss_exactly_once(healthy: NetCluster, 
         t_kill, wall_kill = time.monotonic(), time.time()
         killed = nc.kill("w2")
         assert killed > 0
-        job = wait_job(c, jid, lambda j: "RETRYING" in states(j), 120, "RETRYING")
-        detected = next(t["time"] for t in job["transitions"] if t["to"] == "RETRYING") - wall_kill
-        # the ring of 4 cannot fit on the 2 CPUs left: the driver waits for capacity; the host comes back
-        time.sleep(3)
-        assert get_job(c, jid)["state"] in ("RETRYING", "PLACING")
-        nc.restart("w2")
-        back = wait_job(c, jid, lambda j: j["state"] == "RUNNING" and j["restarts"] >= 1, 240, "RUNNING again")
-        recovered = time.monotonic() - t_kill
-        assert back["metadata"]["ring_node_crossings"] == 2
-        job = finished(c, jid, timeout=300)
-        assert job["state"] == "SUCCEEDED", job["error"]
-        retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
+        detected = retrying_after(c, jid, wall_kill)  # the ring of 4 cannot fit on the 2 CPUs left: it waits
+        recovered, retry, counts = resumes_once_w2_is_back(c, nc, jid, js, t_kill)
         assert retry["resume_step"] >= 10 and retry["resume_step"] % 5 == 0, retry
-        counts = exactly_once(c, jid, js)
         print(
             f"\n[hosts] node loss: {killed} processes of host w2 killed; RETRYING after {detected:.1f}s, RUNNING "
             f"again {recovered:.1f}s after the kill (host restarted), resumed from step {retry['resume_step']}; "
@@ -398,20 +412,10 @@ def test_partition_longer_than_the_health_timeout_resumes_exactly_once(healthy: 
         nc.link("w2", False)
         try:
             dead_after = nc.wait_dead("w2")
-            job = wait_job(c, jid, lambda j: "RETRYING" in states(j), 120, "RETRYING")
-            detected = next(t["time"] for t in job["transitions"] if t["to"] == "RETRYING") - wall_cut
-            time.sleep(3)
-            assert get_job(c, jid)["state"] in ("RETRYING", "PLACING")
+            detected = retrying_after(c, jid, wall_cut)
         finally:
             nc.link("w2", True)
-        nc.restart("w2")
-        back = wait_job(c, jid, lambda j: j["state"] == "RUNNING" and j["restarts"] >= 1, 240, "RUNNING again")
-        recovered = time.monotonic() - t_cut
-        assert back["metadata"]["ring_node_crossings"] == 2
-        job = finished(c, jid, timeout=300)
-        assert job["state"] == "SUCCEEDED", job["error"]
-        retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
-        counts = exactly_once(c, jid, js)
+        recovered, retry, counts = resumes_once_w2_is_back(c, nc, jid, js, t_cut)
         print(
             f"\n[hosts] partition: w2 cut off; Ray declared it dead after {dead_after:.1f}s, RETRYING {detected:.1f}s "
             f"after the cut; RUNNING again {recovered:.1f}s after the cut (link back, host restarted), resumed from "
