@@ -105,9 +105,10 @@ class Controller:
         for cache in (self._specs, self._too_big_since):
             for jid in [k for k in cache if k not in alive]:
                 del cache[jid]
+        busy = in_flight | set(self._submitting)  # started before the read, or since
         queued: list[Job] = []
         for job in active:
-            if job.submission_id is not None or job.cancel_requested or job.id in in_flight | self._submitting.keys():
+            if job.submission_id is not None or job.cancel_requested or job.id in busy:
                 continue
             if job.state == JobState.QUEUED.value:
                 queued.append(job)
