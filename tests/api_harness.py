@@ -115,6 +115,9 @@ class Server:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        if self.thread.is_alive():  # a connection or task outlived the graceful window: do not leave it running
+            self.server.force_exit = True
+            self.thread.join(timeout=10)
 
     def client(self, token: str | None = ALICE, **kw: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
