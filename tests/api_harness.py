@@ -19,6 +19,7 @@ from api.app import create_app
 from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest, NodeInfo
 from service.settings import Settings
 from tests.dist import free_port
+from workers.protocol import JobState
 
 ALICE = "alice-token-0123456789"
 BOB = "bob-token-0123456789"
@@ -174,6 +175,10 @@ class Driver:
         if token is None:
             req = wait_for(lambda: next((r for r in srv.launcher.submits if r.job_id == job_id), None))
             token = req.ingest_token
+            # the launcher has the request; the controller records the submission id (then PLACING) right after,
+            # and tests act on that id (cancel stops it, the reconciler polls it): wait until it is stored
+            store = srv.app.state.ctx.store
+            wait_for(lambda: (j := store.get_job(job_id)).submission_id or JobState(j.state).terminal)
         self.token = token
         self.seq = 0
         self.http = srv.client(self.token)

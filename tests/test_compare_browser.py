@@ -126,7 +126,7 @@ def test_compare_overlays_jobs_and_lists_spec_differences(jobs: Any, page: Any) 
     shot(page, "compare-loss")
     page.reload()  # the link restores the comparison
     wait_js(page, "window.__ringtrain.compare && window.__ringtrain.compare.jobs.length === 3")
-    assert page.locator("#compare-jobs input:checked").count() == 3
+    wait_js(page, "() => document.querySelectorAll('#compare-jobs input:checked').length === 3")  # its own fetch
 
     page.select_option("#compare-metric", "mem_peak_bytes")  # per rank: the mean over ranks, one line per job
     wait_js(page, "window.__ringtrain.compare.metric === 'mem_peak_bytes'")

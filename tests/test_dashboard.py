@@ -9,6 +9,7 @@ test-artifacts/dashboard-*.png; the 100k-point render timings to test-artifacts/
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,7 +114,7 @@ def test_jobs_list_live_and_filter(page: Any, server: Any) -> None:
         "id => document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.235'"
         " || document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.234'",
         arg=running["id"],
-        timeout=8000,
+        timeout=20000,
     )
     assert row.locator("td.loss").inner_text() != first_loss
     assert "10 / 400" in row.locator(".progress").inner_text()
@@ -122,7 +123,7 @@ def test_jobs_list_live_and_filter(page: Any, server: Any) -> None:
     page.select_option("#state-filter", "RUNNING")
     wait_js(page, "() => location.hash === '#/jobs?state=RUNNING'")
     page.locator(f"tr[data-job-id='{running['id']}']").wait_for()
-    wait_for(lambda: page.locator(f"tr[data-job-id='{queued['id']}']").count() == 0, timeout=5)
+    wait_for(lambda: page.locator(f"tr[data-job-id='{queued['id']}']").count() == 0, timeout=15)
     assert all(
         s == "RUNNING"
         for s in page.locator("#jobs-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.state)")
@@ -207,7 +208,8 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     page.click("#cancel-button")
     page.locator("#confirm-dialog").wait_for(state="visible")
     page.click("#confirm-dialog button[value='no']")
-    assert page.locator("#job-state").inner_text() == "RUNNING"
+    page.locator("#confirm-dialog").wait_for(state="hidden")
+    wait_js(page, "() => document.querySelector('#job-state')?.textContent === 'RUNNING'")
     page.click("#cancel-button")
     page.click("#confirm-yes")
     wait_js(page, "() => document.querySelector('#cancel-button').disabled")
@@ -215,6 +217,39 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     wait_js(page, "() => document.querySelector('#job-state')?.textContent === 'CANCELLED'", timeout=15000)
     assert page.locator("#timeline li[data-to='CANCELLED']").count() == 1
     shot(page, "dashboard-job-cancelled")
+
+
+def test_a_stale_read_of_the_job_does_not_undo_a_newer_state(page: Any, server: Any) -> None:
+    """Each state event re-reads the job, and two reads can answer out of order: the one that answers last but
+    misses a change an event already brought must not put the older state back on the page."""
+    job = create_job(server, {**SPEC, "name": "stale-read", "max_restarts": 2})
+    d = start_running(server, job["id"], ranks=4)
+    d.post(step_items(d, 0))
+    goto(page, server, f"#/jobs/{job['id']}")
+    wait_js(page, "() => document.querySelector('#job-state')?.textContent === 'RUNNING'")
+    held: list[Any] = []  # the page's reads of the job, answered when the test says so
+    the_job = re.compile(rf"/v1/jobs/{job['id']}$")
+    page.route(the_job, lambda route: held.append(route))
+
+    def pumped(pred: Any) -> Any:  # Playwright calls route handlers only while the test is inside a Playwright call
+        return wait_for(lambda: page.wait_for_timeout(20) or pred())
+
+    assert d.state("RETRYING", reason="rank 1 died", resume_step=0).status_code == 200
+    pumped(lambda: held)
+    with server.client() as c:
+        stale = c.get(f"/v1/jobs/{job['id']}").json()
+    assert stale["state"] == "RETRYING"
+    assert d.state("RUNNING", reason="re-placed 4 ranks").status_code == 200
+    wait_js(page, "() => document.querySelector('#job-state')?.textContent === 'RUNNING'")
+    pumped(lambda: len(held) >= 2)  # the read the RUNNING event asked for
+    for r in held[1:]:
+        r.continue_()
+    page.wait_for_timeout(300)
+    held[0].fulfill(status=200, content_type="application/json", body=json.dumps(stale))  # the first read, last
+    page.unroute(the_job)
+    page.wait_for_timeout(500)
+    assert page.locator("#job-state").inner_text() == "RUNNING"
+    assert page.locator("#timeline li[data-to='RUNNING']").count() == 2
 
 
 def test_job_page_dark_failed(browser: Any, server: Any) -> None:
@@ -423,7 +458,7 @@ def test_real_ray_job_live_and_cancel(browser: Any, tmp_path: Path, request: pyt
         wait_js(pg, f"() => Number(document.querySelector('#chart-loss').dataset.points) > {first}", timeout=30000)
         pg.locator("#ring svg .rank").nth(1).wait_for()
         assert pg.locator("#ring svg .rank").count() == 2
-        assert pg.locator("#job-state").inner_text() == "RUNNING"
+        wait_js(pg, "() => document.querySelector('#job-state')?.textContent === 'RUNNING'")
         shot(pg, "dashboard-ray-job")
         pg.click("#cancel-button")
         pg.click("#confirm-yes")

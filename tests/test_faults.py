@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from service.local_ray import RayHead
@@ -177,6 +178,14 @@ def job_actors(head: RayHead, jid: str, alive: bool = True, prefix: str = "") ->
 def rank_pids(head: RayHead, jid: str) -> list[int]:
     """Pids of the job's live rank actors, from Ray's state API (works while the control plane is down)."""
     return sorted(int(a["pid"]) for a in job_actors(head, jid))
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie waiting for its parent to reap it no longer does anything)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def job_pgs(head: RayHead, prefix: str) -> list[dict[str, Any]]:
@@ -369,10 +378,15 @@ def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart
         ckpt = tmp_path / "ckpt" / jid
         waited = checkpoint_at_least(ckpt, 10)
         sid0 = get_job(c, jid)["submission_id"]
+        ranks = [int(a["pid"]) for a in job_actors(ray_head, jid, prefix=f"rt-{jid}-d0-")]
+        assert len(ranks) == 2, ranks
         t0 = time.monotonic()
         os.kill(driver_pid(launcher, sid0, jid), signal.SIGKILL)
         # Its rank actors die with it, so no checkpoint is written after this; attempt 1 writes only after resuming.
+        # Ray records them DEAD as soon as their owner is gone and kills their processes after that: a rank can still
+        # finish a checkpoint in between, so wait for the processes themselves.
         wait_for(lambda: not job_actors(ray_head, jid, prefix=f"rt-{jid}-d0-"), timeout=60, interval=0.2)
+        wait_for(lambda: not any(alive(p) for p in ranks), timeout=60, interval=0.2)
         newest = latest_step(ckpt)
         assert newest is not None and newest >= waited, (waited, list_steps(ckpt))
         retrying = wait_job(c, jid, lambda j: j["state"] == "RETRYING", 60, "RETRYING")

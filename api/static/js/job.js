@@ -203,7 +203,11 @@ export function mountJob(root, jobId) {
   }, 300);
 
   let queueTimer = null;
+  const latestSeq = (ts) => Math.max(-1, ...[...ts].map((t) => t.seq));
   function setJob(j) {
+    // Two reads can be in flight and answer out of order: one that misses a state change an event already
+    // brought is stale, and applying it would show the older state until the next change.
+    if (job && j.transitions && latestSeq(j.transitions) < latestSeq(transitions.values())) return;
     const placementChanged = JSON.stringify(j.placement) !== JSON.stringify(job?.placement);
     if (!job || TERMINAL.has(j.state)) model.refresh(j);  // the model appears when the job succeeds
     job = j;
