@@ -130,12 +130,13 @@ def _job(client: httpx.Client, jid: str) -> dict:
 
 
 def test_a_restarted_serve_continues_its_jobs_from_their_checkpoints(serve: Serve) -> None:
+    steps = 80  # far from done when the first checkpoint (step 5) is seen and everything is killed
     spec = {
         "name": "survives-serve",
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
         "data": {"kind": "passkey", "seq_len": 128, "key_digits": 2},
         "parallel": {"ring_size": 2},
-        "train": {"steps": 40, "lr": 1e-3},
+        "train": {"steps": steps, "lr": 1e-3},
         "checkpoint": {"every_steps": 5, "keep": 2},
         "eval": {"enabled": False},
         "max_restarts": 0,  # the head's replacement must not use up a restart
@@ -167,5 +168,7 @@ def test_a_restarted_serve_continues_its_jobs_from_their_checkpoints(serve: Serv
     points = points["points"] if isinstance(points, dict) else points
     keys = Counter((p["step"], p["name"], p.get("rank")) for p in points)
     assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1][:10]
-    assert sorted(s for s, n, r in keys if n == "loss") == list(range(1, 41))
-    assert {(s, r) for s, n, r in keys if n == "mem_peak_bytes"} == {(s, r) for s in range(1, 41) for r in (0, 1)}
+    assert sorted(s for s, n, r in keys if n == "loss") == list(range(1, steps + 1))
+    assert {(s, r) for s, n, r in keys if n == "mem_peak_bytes"} == {
+        (s, r) for s in range(1, steps + 1) for r in (0, 1)
+    }
