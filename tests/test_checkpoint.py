@@ -218,3 +218,31 @@ def test_killed_save_is_never_picked_up(tmp_path):
     assert lines[-1] == {"resumed_from": 2, "final_step": 4}
     assert [x["step"] for x in lines if x.get("name") == "loss"] == [3, 4]
     assert list_steps(root) == [2, 4] and not debris.exists()
+
+
+def test_a_crash_while_retention_deletes_a_step_leaves_it_invisible(tmp_path, monkeypatch):
+    """Retention deletes old steps file by file; a process killed halfway must not leave a step whose marker is
+    still there and whose shards are gone (a resume would pick it up and fail to load it)."""
+    import workers.training.checkpoint as ck
+
+    model = _model(1)
+    for step in (5, 10):
+        save_checkpoint(tmp_path, step, model, {}, keep=2)
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):  # deletes the shards, then the process dies
+        if Path(path).name.endswith("step-000005") and Path(path).exists():
+            for shard in Path(path).glob("*.distcp"):
+                shard.unlink()
+            raise SystemExit("killed while deleting")
+        return real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(ck.shutil, "rmtree", killed_midway)
+    with pytest.raises(SystemExit):
+        save_checkpoint(tmp_path, 15, model, {}, keep=2)
+    monkeypatch.undo()
+    assert list_steps(tmp_path) == [10, 15]  # step 5 is out of sight although its files are not all gone
+    for step in list_steps(tmp_path):
+        assert read_weights(tmp_path, step).keys() == model.state_dict().keys()
+    save_checkpoint(tmp_path, 20, model, {}, keep=2)  # the next save sweeps the debris
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000015", "step-000020"]

@@ -11,7 +11,8 @@ names (`get_state_dict` drops FSDP and activation-checkpoint wrappers).
 
 Atomic: everything goes into a hidden `.tmp-step-…` directory, is fsynced, then renamed into place, and
 a `step-…` directory counts only with its `state.pt` (written after every rank's files are on disk), so a
-crash mid-write leaves nothing that can be picked up. Re-saving a step swaps the old one out whole.
+crash mid-write leaves nothing that can be picked up. Re-saving a step swaps the old one out whole, and
+retention renames a step out of sight (`.old-step-…`) before deleting it, so a crash mid-delete cannot either.
 """
 
 from __future__ import annotations
@@ -123,6 +124,16 @@ def _tensor_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
     return {"model": model_sd, "optim": optim_sd}
 
 
+def _hide(path: Path) -> Path:
+    """Rename a step directory out of sight before deleting it: a process killed mid-delete must not leave a
+    visible step whose marker survived and whose shards did not."""
+    hidden = path.with_name(f".old-{path.name}")
+    shutil.rmtree(hidden, ignore_errors=True)  # left over by a crash
+    path.rename(hidden)
+    _fsync(path.parent)
+    return hidden
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -138,7 +149,8 @@ def save_checkpoint(
     tmp = root / f".tmp-{final.name}"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash
+        for debris in (tmp, *root.glob(".old-step-*")):  # left over by a crash
+            shutil.rmtree(debris, ignore_errors=True)
         tmp.mkdir()
     _barrier()
     single = _dist()[1] == 1
@@ -153,16 +165,14 @@ def save_checkpoint(
         _fsync(tmp / STATE_FILE)
         _fsync(tmp)
         if final.exists():  # re-saving a step (e.g. after a restart): swap, never leave a half state
-            old = root / f".old-{final.name}"
-            shutil.rmtree(old, ignore_errors=True)
-            final.rename(old)
+            old = _hide(final)
             tmp.rename(final)
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(final)
         _fsync(root)
         for old_step in list_steps(root)[:-keep]:
-            shutil.rmtree(step_dir(root, old_step), ignore_errors=True)
+            shutil.rmtree(_hide(step_dir(root, old_step)), ignore_errors=True)
     _barrier()
     return final
 
