@@ -74,3 +74,31 @@ def test_pretrained_round_trip(tmp_path: Path) -> None:
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5 * float(ours.abs().max()))
     before = load_pretrained(src)(tokens, torch.arange(32))
     assert (before - ours).abs().max() > 1e-2  # the export holds the trained weights, not the source's
+
+
+def test_a_crash_while_an_older_export_is_replaced_leaves_no_half_export(tmp_path: Path, monkeypatch) -> None:
+    """Re-exporting replaces the older model; a process killed while deleting it must leave either the old or the
+    new export at `out`, never a directory missing some of its files."""
+    import shutil
+
+    import workers.models.export as export
+
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2)
+    out = save_pretrained(build_model(cfg, seed=1), tmp_path / "model")
+    first = sorted(p.name for p in out.iterdir())
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):  # deletes the weights of the older export, then the process dies
+        if Path(path).exists() and (Path(path) / "model.safetensors").exists() and "partial" not in Path(path).name:
+            (Path(path) / "model.safetensors").unlink()
+            raise SystemExit("killed while deleting")
+        return real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(export.shutil, "rmtree", killed_midway)
+    with pytest.raises(SystemExit):
+        save_pretrained(build_model(cfg, seed=2), out)
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.iterdir()) == first  # whole (the new one: renamed in before the old was deleted)
+    hf, _ = _read_back(out)
+    new = build_model(cfg, seed=2)
+    assert torch.equal(hf.model.embed_tokens.weight, new.tok_emb.weight)

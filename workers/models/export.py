@@ -104,9 +104,12 @@ def save_pretrained(model: nn.Module, out_dir: str | Path, *, max_position_embed
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     _write(model, state, staging, max_position_embeddings or DEFAULT_MAX_POSITIONS)
-    if out.exists():
-        shutil.rmtree(out)
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():  # out of sight before it is deleted: a crash mid-delete must not leave half an export
+        os.replace(out, old)
     os.replace(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
     return out
 
 
