@@ -124,14 +124,17 @@ def _tensor_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
     return {"model": model_sd, "optim": optim_sd}
 
 
-def _hide(path: Path) -> Path:
-    """Rename a step directory out of sight before deleting it: a process killed mid-delete must not leave a
-    visible step whose marker survived and whose shards did not."""
-    hidden = path.with_name(f".old-{path.name}")
-    shutil.rmtree(hidden, ignore_errors=True)  # left over by a crash
-    path.rename(hidden)
-    _fsync(path.parent)
-    return hidden
+def _hide(step: Path) -> None:
+    """Rename a step out of sight; `_sweep` deletes it. A process killed mid-delete must not leave a visible step
+    whose marker survived and whose shards did not."""
+    step.rename(step.with_name(f".old-{step.name}"))
+
+
+def _sweep(root: Path) -> None:
+    """Delete the hidden old steps (this save's, or a crashed save's)."""
+    _fsync(root)
+    for hidden in root.glob(".old-step-*"):
+        shutil.rmtree(hidden, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -149,8 +152,8 @@ def save_checkpoint(
     tmp = root / f".tmp-{final.name}"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        for debris in (tmp, *root.glob(".old-step-*")):  # left over by a crash
-            shutil.rmtree(debris, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # left over by a crash
+        _sweep(root)
         tmp.mkdir()
     _barrier()
     single = _dist()[1] == 1
@@ -165,14 +168,11 @@ def save_checkpoint(
         _fsync(tmp / STATE_FILE)
         _fsync(tmp)
         if final.exists():  # re-saving a step (e.g. after a restart): swap, never leave a half state
-            old = _hide(final)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(final)
-        _fsync(root)
+            _hide(final)
+        tmp.rename(final)
         for old_step in list_steps(root)[:-keep]:
-            shutil.rmtree(_hide(step_dir(root, old_step)), ignore_errors=True)
+            _hide(step_dir(root, old_step))
+        _sweep(root)
     _barrier()
     return final
 
