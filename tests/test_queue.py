@@ -273,17 +273,24 @@ def test_fairness_3_owners_30_jobs_each_on_a_cluster_that_holds_2(tmp_path: Path
     prio = {"alice": lambda i: 0, "bob": lambda i: 1 if i >= 20 else 0, "carol": lambda i: 2 if i % 3 == 0 else 0}
     with running(tmp_path, sim, api_tokens=TOKENS3, quotas=quotas, rate_limits=False) as srv:
         sim.srv = srv
-        # when the scheduler admitted each job (the launcher sees two jobs of one pass in no defined order, and
-        # their hand-overs can lie far apart on a loaded machine: the order is judged on the decision)
-        admitted_at: dict[str, float] = {}
+        # in which scheduler pass, and when, each job was admitted (the launcher sees two jobs of one pass in no
+        # defined order, and their hand-overs can lie far apart on a loaded machine: the order is judged on the
+        # decision itself)
+        admitted_at: dict[str, tuple[int, float]] = {}
         controller = srv.app.state.ctx.controller
-        hand_over = controller._start
+        admit, hand_over, passes = controller._admit, controller._start, itertools.count(1)
+        this_pass = 0
+
+        async def one_pass(*args: Any) -> None:
+            nonlocal this_pass
+            this_pass = next(passes)
+            await admit(*args)
 
         def start(j: Any) -> None:
-            admitted_at.setdefault(j.id, time.monotonic())
+            admitted_at.setdefault(j.id, (this_pass, time.monotonic()))
             hand_over(j)
 
-        controller._start = start
+        controller._admit, controller._start = one_pass, start
         hold = SimHold(sim)  # nothing starts until all 90 are queued: the order is then fully determined
         meta: dict[str, tuple[str, int, int]] = {}  # job id → owner, priority, submission index
         clients = {o: srv.client(t) for o, t in OWNERS.items()}
@@ -321,12 +328,12 @@ def test_fairness_3_owners_30_jobs_each_on_a_cluster_that_holds_2(tmp_path: Path
     # same scheduling pass at the latest), or when the quota held that job back: its owner (alice, 1 running job)
     # had a job running when X's pass decided (it ends a report's round trip before X is handed over, at most)
     rank = sorted(meta, key=lambda j: (-meta[j][1], meta[j][2]))
-    started_at = admitted_at
-    same_pass_s, decide_to_start_s = 0.25, 1.0
+    started_at = {j: t for j, (_, t) in admitted_at.items()}
+    decide_to_start_s = 1.0
     for k, jid in enumerate(rank):
         t = started_at[jid]
         for ahead in rank[:k]:
-            if started_at[ahead] <= t + same_pass_s:
+            if admitted_at[ahead][0] <= admitted_at[jid][0]:
                 continue
             owner = meta[ahead][0]
             busy = [
