@@ -10,8 +10,9 @@ The rules, in order:
 1. Queue order: higher `priority` first, then submission time (then id, so the order is total).
 2. Quotas (`RINGTRAIN_QUOTAS`): a job whose owner would go over `max_running_jobs`, `max_cpus` or `max_gpus` with it
    is skipped — it keeps its place but blocks nobody else.
-3. Capacity: a job starts when its ranks fit the free capacity now, node by node (one bundle per rank, as the driver
-   reserves them): the lower of Ray's free figure and ringtrain's own ledger (`free_nodes`), so neither Ray's
+3. Capacity: a job starts when its ranks fit the free capacity now, node by node (one bundle per
+   rank, counted per node by `workers.parallel_dims.bundles_per_node`, as the driver reserves them):
+   the lower of Ray's free figure and ringtrain's own ledger (`free_nodes`), so neither Ray's
    reporting lag nor a job admitted a moment ago over-commits the cluster; each admission in a pass takes its share.
 4. No starvation: a job that cannot fit lets later (smaller) jobs start past it — until it has waited
    `reserve_after_s`. From then on it *reserves*: nothing behind it starts until it has started, so capacity freed by
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.launcher import ClusterInfo, NodeInfo
 from workers.config import JobSpec
+from workers.parallel_dims import ParallelDims, bundles_per_node, rank_bundle, resolve_accelerator
 
 
 class Quota(BaseModel):
@@ -72,6 +74,14 @@ class Demand:
     gpus_per_bundle: float = 0.0
 
     @property
+    def bundle(self) -> dict[str, float]:
+        """One rank's resources, in Ray's terms."""
+        bundle = {"CPU": self.cpus_per_bundle}
+        if self.gpus_per_bundle:
+            bundle["GPU"] = self.gpus_per_bundle
+        return bundle
+
+    @property
     def cpus(self) -> float:
         return self.bundles * self.cpus_per_bundle
 
@@ -85,15 +95,14 @@ class Demand:
 
 
 def uses_gpus(spec: JobSpec, cluster: ClusterInfo) -> bool:
-    """The planner's and driver's rule: `auto` means GPUs when any alive node has one."""
-    acc = spec.resources.accelerator
-    if acc == "auto":
-        return any(n.gpus_total > 0 for n in cluster.nodes if n.alive)
-    return acc == "gpu"
+    """Whether the job runs on GPUs here (`resolve_accelerator`: the planner's, the driver's)."""
+    node_gpus = [n.gpus_total for n in cluster.nodes if n.alive]
+    return resolve_accelerator(spec.resources.accelerator, node_gpus) == "gpu"
 
 
 def demand_of(spec: JobSpec, gpu: bool) -> Demand:
-    return Demand(spec.world_size, spec.resources.cpus_per_worker, 1.0 if gpu else 0.0)
+    bundle = rank_bundle(gpu=gpu, cpus_per_worker=spec.resources.cpus_per_worker)
+    return Demand(ParallelDims.of(spec.parallel).world_size, bundle["CPU"], bundle.get("GPU", 0.0))
 
 
 @dataclass
@@ -106,10 +115,7 @@ class Free:
 
     def holds(self, d: Demand) -> int:
         """How many of the job's bundles fit on this node."""
-        k = int(self.cpus // d.cpus_per_bundle + 1e-9) if d.cpus_per_bundle > 0 else d.bundles
-        if d.gpus_per_bundle > 0:
-            k = min(k, int(self.gpus // d.gpus_per_bundle + 1e-9))
-        return max(0, k)
+        return bundles_per_node(d.bundle, {"CPU": self.cpus, "GPU": self.gpus})
 
 
 def fits(d: Demand, nodes: Sequence[Free]) -> bool:

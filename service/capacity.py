@@ -20,15 +20,18 @@ from typing import Any
 from service.admission import NodeShape
 from service.launcher import ClusterInfo
 from workers.config import JobSpec
+from workers.parallel_dims import resolve_accelerator as accelerator_for
 
 
 def resolve_accelerator(spec: JobSpec, cluster: ClusterInfo) -> JobSpec:
-    """The spec with `auto` replaced by what it means on this cluster (GPUs when any alive node, counted with the
-    nodes the autoscaler may add, has one); a spec that names `gpu` or `cpu` is returned as is."""
-    if spec.resources.accelerator != "auto":
+    """The spec with `auto` replaced by what it means on this cluster (`resolve_accelerator`'s rule,
+    over the alive nodes counted with those the autoscaler may add); a spec naming `gpu` or `cpu` is
+    returned as is."""
+    node_gpus = [n.gpus_total for n in cluster.nodes if n.alive]
+    accelerator = accelerator_for(spec.resources.accelerator, node_gpus)
+    if accelerator == spec.resources.accelerator:
         return spec
-    gpu = any(n.gpus_total > 0 for n in cluster.nodes if n.alive)
-    resources = spec.resources.model_copy(update={"accelerator": "gpu" if gpu else "cpu"})
+    resources = spec.resources.model_copy(update={"accelerator": accelerator})
     return spec.model_copy(update={"resources": resources})
 
 

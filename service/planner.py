@@ -1,9 +1,11 @@
 """Dry-run planning of a job spec against a cluster snapshot: placement preview and memory estimate.
 
-Nothing is reserved. The placement simulation mirrors what the driver does (SPEC §4): one bundle per
-rank; STRICT_PACK when the whole job fits one node, else PACK (fill the nodes with the most free
-capacity first); ranks are then ordered node by node, device id ascending, and the number of ring
-edges that cross a node boundary is counted per ring.
+Nothing is reserved. The preview applies the driver's own rules (`workers.parallel_dims`): the
+accelerator `auto` resolves to, one bundle per rank and how many fit each node, STRICT_PACK when one
+node's total resources hold the whole job (previewed on the one of those with the most free room),
+else PACK (the nodes with the most room first); where the bundles land, ranks are ordered by
+`order_ranks`, as the driver orders them, and the hops that cross a node boundary are counted per
+sequence group.
 
 Memory per rank (bytes, fp32 everywhere — an upper bound for bf16 runs). The training state is sharded by
 FSDP over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are gathered whole
@@ -35,6 +37,16 @@ from typing import Any
 
 from service.launcher import ClusterInfo, NodeInfo
 from workers.config import JobSpec, rope_coverage_warning, ulysses_heads_problem
+from workers.parallel_dims import (
+    STRICT_PACK,
+    ParallelDims,
+    WorkerLocation,
+    bundles_per_node,
+    choose_strategy,
+    node_crossings,
+    rank_bundle,
+    resolve_accelerator,
+)
 
 
 @dataclass
@@ -116,30 +128,49 @@ def memory_estimate(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def _accelerator(spec: JobSpec, cluster: ClusterInfo) -> str:
-    acc = spec.resources.accelerator
-    if acc == "auto":
-        return "gpu" if any(n.gpus_total > 0 for n in cluster.nodes if n.alive) else "cpu"
-    return acc
+def node_resources(node: NodeInfo, *, free: bool) -> dict[str, float]:
+    """A node's free or total resources in Ray's terms (what `bundles_per_node` reads)."""
+    if free:
+        return {"CPU": node.cpus_free, "GPU": node.gpus_free}
+    return {"CPU": node.cpus_total, "GPU": node.gpus_total}
 
 
-def _capacity(n: NodeInfo, bundle: dict[str, float], free: bool) -> int:
-    cpus = n.cpus_free if free else n.cpus_total
-    gpus = n.gpus_free if free else n.gpus_total
-    k = int(cpus // bundle["CPU"]) if bundle["CPU"] > 0 else 10**9
-    if "GPU" in bundle:
-        k = min(k, int(gpus // bundle["GPU"]))
-    return max(k, 0)
+def preview_landing(
+    world_size: int,
+    bundle: dict[str, float],
+    nodes: list[NodeInfo],
+) -> tuple[str, list[str]]:
+    """(strategy, node id of each bundle): where a job that fits the cluster likely lands."""
+    totals = [node_resources(n, free=False) for n in nodes]
+    strategy = choose_strategy(world_size, bundle, totals)
+    free_room = sum(bundles_per_node(bundle, node_resources(n, free=True)) for n in nodes)
+    use_free = free_room >= world_size  # else the job waits: preview it on the whole cluster
+    candidates = nodes
+    if strategy == STRICT_PACK:
+        holds_all = [bundles_per_node(bundle, total) >= world_size for total in totals]
+        candidates = [n for n, whole in zip(nodes, holds_all, strict=True) if whole]
+    rooms = []
+    for n in candidates:
+        rooms.append((bundles_per_node(bundle, node_resources(n, free=use_free)), n.node_id))
+    rooms.sort(key=lambda room: (-room[0], room[1]))
+    if strategy == STRICT_PACK:
+        return strategy, [rooms[0][1]] * world_size
+    landing: list[str] = []
+    for room, node_id in rooms:
+        landing += [node_id] * min(room, world_size - len(landing))
+        if len(landing) == world_size:
+            break
+    return strategy, landing
 
 
 def suggest_split(spec: JobSpec, nodes: list[NodeInfo]) -> dict[str, int] | None:
     """Ulysses × ring for one replica's ring_size × ulysses_size ranks: the largest Ulysses group that fits inside
     a node (its all-to-all is latency-bound), divides the sequence group and suits the heads; the ring covers the
     rest across nodes. None when the model's heads are unknown."""
-    m, p = spec.model, spec.parallel
+    m = spec.model
     if not m.shape_known:
         return None
-    group = p.ring_size * p.ulysses_size
+    group = ParallelDims.of(spec.parallel).seq_group_size
     per_node = max((int(n.gpus_total) for n in nodes), default=0)
     best = 1
     for u in range(1, group + 1):
@@ -149,66 +180,62 @@ def suggest_split(spec: JobSpec, nodes: list[NodeInfo]) -> dict[str, int] | None
 
 
 def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
-    acc = _accelerator(spec, cluster)
-    bundle: dict[str, float] = {"CPU": spec.resources.cpus_per_worker}
-    if acc == "gpu":
-        bundle["GPU"] = 1.0
-    W, U = spec.world_size, spec.parallel.ulysses_size
-    R = spec.parallel.ring_size * U  # one replica's sequence group: contiguous ranks, Ulysses innermost
     nodes = [n for n in cluster.nodes if n.alive]
+    acc = resolve_accelerator(spec.resources.accelerator, [n.gpus_total for n in nodes])
+    bundle = rank_bundle(gpu=acc == "gpu", cpus_per_worker=spec.resources.cpus_per_worker)
+    dims = ParallelDims.of(spec.parallel)
+    world, ulysses = dims.world_size, dims.ulysses_size
     out = Plan(
-        fits=False, accelerator=acc, strategy="STRICT_PACK", world_size=W, bundle=bundle, memory=memory_estimate(spec)
+        fits=False,
+        accelerator=acc,
+        strategy=STRICT_PACK,
+        world_size=world,
+        bundle=bundle,
+        memory=memory_estimate(spec),
     )
-    total = sum(_capacity(n, bundle, free=False) for n in nodes)
-    free = sum(_capacity(n, bundle, free=True) for n in nodes)
+    total = sum(bundles_per_node(bundle, node_resources(n, free=False)) for n in nodes)
+    free = sum(bundles_per_node(bundle, node_resources(n, free=True)) for n in nodes)
     need = "GPUs" if acc == "gpu" else f"bundles of {bundle['CPU']:g} CPU"
     if warning := rope_coverage_warning(spec):
         out.warnings.append(warning)
     if not nodes:
         out.warnings.append("the cluster reports no alive nodes; placement cannot be previewed")
         return out
-    if total < W:
+    if total < world:
         out.warnings.append(
-            f"the job needs {W} {need} (ring_size {spec.parallel.ring_size} × ulysses_size {U} × data_parallel "
-            f"{spec.parallel.data_parallel})"
-            f" but the whole cluster has {total}: it can never be placed"
+            f"the job needs {world} {need} (ring_size {spec.parallel.ring_size} "
+            f"× ulysses_size {ulysses} × data_parallel {spec.parallel.data_parallel}) "
+            f"but the whole cluster has {total}: it can never be placed"
         )
         return out
-    if free < W:
-        out.warnings.append(
-            f"only {free} of the {W} {need} are free now: the job waits QUEUED, holding nothing, until they are"
-        )
-    use_free = free >= W
-    caps = sorted(((_capacity(n, bundle, free=use_free), n) for n in nodes), key=lambda x: (-x[0], x[1].node_id))
-    if caps[0][0] >= W:
-        caps = [caps[0]]
-    else:
-        out.strategy = "PACK"
-    slots: list[tuple[str, int]] = []
-    for cap, n in caps:
-        take = min(cap, W - len(slots))
-        slots += [(n.node_id, i) for i in range(take)]
-        if len(slots) == W:
-            break
+    if free < world:
+        waits = "the job waits QUEUED, holding nothing, until they are"
+        out.warnings.append(f"only {free} of the {world} {need} are free now: {waits}")
+    out.strategy, landing = preview_landing(world, bundle, nodes)
+    # One actor per bundle, GPU ids counted per node: then the driver's own rank order.
+    per_node: dict[str, int] = {}
+    locations = []
+    for node_id in landing:
+        device_index = per_node.get(node_id, 0)
+        per_node[node_id] = device_index + 1
+        locations.append(WorkerLocation(node_id, "", (str(device_index),) if acc == "gpu" else ()))
+    assignments = dims.order_ranks(locations)
     out.fits = True
-    out.nodes_used = len({nid for nid, _ in slots})
-    for rank, (nid, dev) in enumerate(slots):
-        out.placement.append(
-            RankSlot(rank=rank, ring=rank // R, node_id=nid, device=f"cuda:{dev}" if acc == "gpu" else "cpu")
-        )
-    for ring in range(W // R):
-        members = out.placement[ring * R : (ring + 1) * R]
-        if R > 1:
-            out.node_crossings += sum(members[i].node_id != members[(i + 1) % R].node_id for i in range(R))
+    out.nodes_used = len(per_node)
+    for a in assignments:
+        slot = RankSlot(rank=a.rank, ring=a.replica, node_id=a.node_id, device=a.device)
+        out.placement.append(slot)
+    out.node_crossings = node_crossings(assignments, dims.seq_group_size)
     if acc == "gpu" and (split := suggest_split(spec, nodes)) is not None:
         out.suggested_parallel = split
-        if split != {"ulysses_size": U, "ring_size": spec.parallel.ring_size}:
+        if split != {"ulysses_size": ulysses, "ring_size": spec.parallel.ring_size}:
             out.warnings.append(
-                f"suggested for this cluster: ulysses_size {split['ulysses_size']} × ring_size {split['ring_size']} "
-                "(the all-to-all inside a node, the ring across nodes)"
+                f"suggested for this cluster: ulysses_size {split['ulysses_size']} × ring_size "
+                f"{split['ring_size']} (the all-to-all inside a node, the ring across nodes)"
             )
-    if acc == "cpu" and spec.resources.accelerator == "auto" and W > 1:
-        out.warnings.append("no GPUs in the cluster: ranks run on CPU with gloo (fine for demos, slow to train)")
+    if acc == "cpu" and spec.resources.accelerator == "auto" and world > 1:
+        on_cpu = "ranks run on CPU with gloo (fine for demos, slow to train)"
+        out.warnings.append(f"no GPUs in the cluster: {on_cpu}")
     mem = out.memory["total_bytes"]
     if acc == "gpu" and mem > 80 * 2**30:
         out.warnings.append(

@@ -1,4 +1,5 @@
-"""The import rules of SPEC §1: api -> service -> workers, and service sees only workers' schemas."""
+"""The import rules: api -> service -> workers, and service sees only workers' ground layer (the job
+spec, the driver protocol and the parallel shape: pure modules without torch or Ray)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def _imports(package: str) -> list[tuple[str, str]]:
     return found
 
 
+GROUND = ("workers.config", "workers.protocol", "workers.parallel_dims")
+
+
 def _top(module: str) -> str:
     return module.split(".")[0]
 
@@ -29,12 +33,11 @@ def test_workers_never_import_service_or_api() -> None:
     assert bad == []
 
 
-def test_service_never_imports_api_and_only_workers_schemas() -> None:
-    bad = [
-        (f, m)
-        for f, m in _imports("service")
-        if _top(m) == "api" or (_top(m) == "workers" and m not in ("workers.config", "workers.protocol"))
-    ]
+def test_service_never_imports_api_and_only_workers_ground_layer() -> None:
+    def forbidden(module: str) -> bool:
+        return _top(module) == "api" or (_top(module) == "workers" and module not in GROUND)
+
+    bad = [(f, m) for f, m in _imports("service") if forbidden(m)]
     assert bad == []
 
 

@@ -22,7 +22,7 @@ from workers.orchestration.placement import (
     dist_backend,
     make_bundles,
     node_crossings,
-    nodes_per_ring,
+    nodes_per_group,
     order_ranks,
     ring_crossings,
 )
@@ -64,7 +64,7 @@ def test_interleaved_bundles_are_grouped_by_node_gpu_ascending() -> None:
     locs = _locs(
         [("nA", [3]), ("nB", [1]), ("nA", [0]), ("nB", [0]), ("nA", [2]), ("nB", [3]), ("nA", [1]), ("nB", [2])]
     )
-    out = order_ranks(locs, ring_size=8)
+    out = order_ranks(locs, seq_group_size=8)
     assert [a.rank for a in out] == list(range(8))
     assert [(a.node_id, a.device) for a in out] == [("nA", f"cuda:{i}") for i in range(4)] + [
         ("nB", f"cuda:{i}") for i in range(4)
@@ -83,11 +83,11 @@ def test_data_parallel_rings_use_fewest_nodes() -> None:
     locs = _locs(
         [("n1", [0]), ("n2", [0]), ("n3", [0]), ("n2", [1]), ("n1", [1]), ("n2", [2]), ("n3", [1]), ("n2", [3])]
     )
-    out = order_ranks(locs, ring_size=4, data_parallel=2)
-    assert nodes_per_ring(out, 4) == [1, 2]
+    out = order_ranks(locs, seq_group_size=4, data_parallel=2)
+    assert nodes_per_group(out, 4) == [1, 2]
     assert ring_crossings(out, 4) == [0, 2]
-    assert {a.node_id for a in out if a.ring == 0} == {"n2"}
-    assert [a.rank for a in out if a.ring == 1] == [4, 5, 6, 7]
+    assert {a.node_id for a in out if a.replica == 0} == {"n2"}
+    assert [a.rank for a in out if a.replica == 1] == [4, 5, 6, 7]
     assert _contiguous_per_node(out)
     # Devices follow GPU order inside each node regardless of ring.
     n2 = sorted((a for a in out if a.node_id == "n2"), key=lambda a: a.rank)
@@ -97,8 +97,8 @@ def test_data_parallel_rings_use_fewest_nodes() -> None:
 def test_split_node_stays_contiguous_across_rings() -> None:
     # 3 + 3 + 2 GPUs, two rings of 4: one node must be split; its ranks stay adjacent (end of ring 0, start of 1).
     locs = _locs([("a", [0]), ("a", [1]), ("a", [2]), ("b", [0]), ("b", [1]), ("b", [2]), ("c", [0]), ("c", [1])])
-    out = order_ranks(locs, ring_size=4, data_parallel=2)
-    assert nodes_per_ring(out, 4) == [2, 2]
+    out = order_ranks(locs, seq_group_size=4, data_parallel=2)
+    assert nodes_per_group(out, 4) == [2, 2]
     assert node_crossings(out, 4) == 4
     assert _contiguous_per_node(out)
 
@@ -106,20 +106,20 @@ def test_split_node_stays_contiguous_across_rings() -> None:
 def test_best_fit_avoids_three_node_ring() -> None:
     # 3 + 1 + 3 + 1: rings {3,1} and {3,1}, never a ring over three nodes.
     locs = _locs([("a", [0]), ("a", [1]), ("a", [2]), ("b", [0]), ("c", [0]), ("c", [1]), ("c", [2]), ("d", [0])])
-    out = order_ranks(locs, ring_size=4, data_parallel=2)
-    assert nodes_per_ring(out, 4) == [2, 2]
+    out = order_ranks(locs, seq_group_size=4, data_parallel=2)
+    assert nodes_per_group(out, 4) == [2, 2]
 
 
 def test_cpu_only_and_single_node() -> None:
     locs = _locs([("n", []), ("n", []), ("n", [])])
-    out = order_ranks(locs, ring_size=3)
+    out = order_ranks(locs, seq_group_size=3)
     assert [a.device for a in out] == ["cpu"] * 3
     assert [a.actor_index for a in out] == [0, 1, 2]
     assert ring_crossings(out, 3) == [0]
     assert dist_backend(locs) == "gloo"
     assert dist_backend(locs[:1] + _locs([("n", [0])])) == "gloo"  # nccl only if every rank has a GPU
     with pytest.raises(ValueError, match="expected 4 actors"):
-        order_ranks(locs, ring_size=4)
+        order_ranks(locs, seq_group_size=4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ from ray.cluster_utils import Cluster
 import ray
 from workers.config import JobSpec
 from workers.orchestration.reservation import reserve
-from workers.orchestration.placement import node_crossings, nodes_per_ring, ring_crossings
+from workers.orchestration.placement import node_crossings, nodes_per_group, ring_crossings
 
 def node_args(cpus, head=False):
     gcs, agent, metrics, rt_env, client = free_ports(5)
@@ -162,7 +162,8 @@ try:
             "strategy": g.strategy, "reason": reasons[0],
             "placement": [p.model_dump() for p in g.placement()],
             "actor_node": [actor_nodes[a.actor_index].node_id for a in g.assignments],
-            "crossings": ring_crossings(g.assignments, ring), "nodes_per_ring": nodes_per_ring(g.assignments, ring),
+            "crossings": ring_crossings(g.assignments, ring),
+            "nodes_per_group": nodes_per_group(g.assignments, ring),
         }
         g.teardown()
     print("RESULT " + json.dumps(out))
@@ -212,11 +213,11 @@ def test_rank_ordering_on_three_simulated_nodes() -> None:
     # Ranks on one node are contiguous; the ring crosses node boundaries exactly once per node used.
     seq = [p["node_id"] for p in placement]
     assert len([i for i in range(6) if seq[i] != seq[i - 1]]) == 3
-    assert r6["crossings"] == [3] and r6["nodes_per_ring"] == [3]
+    assert r6["crossings"] == [3] and r6["nodes_per_group"] == [3]
     assert all(p["device"] == "cpu" and p["ring"] == 0 for p in placement)
 
     dp2 = res["dp2"]
     # Two rings of 3 on nodes of 1, 3, 2 CPUs: one ring fits the 3-CPU node, the other spans the other two.
-    assert dp2["nodes_per_ring"] == [1, 2]
+    assert dp2["nodes_per_group"] == [1, 2]
     assert dp2["crossings"] == [0, 2]
     assert [p["ring"] for p in dp2["placement"]] == [0, 0, 0, 1, 1, 1]

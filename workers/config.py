@@ -7,12 +7,13 @@ the API can answer 422 naming it.
 
 from __future__ import annotations
 
-import math
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from workers.parallel_dims import ParallelDims
 
 Layout = Literal["zigzag", "striped", "contiguous"]
 
@@ -145,7 +146,7 @@ class ParallelConfig(StrictModel):
 
     @property
     def world_size(self) -> int:
-        return self.ring_size * self.data_parallel * self.ulysses_size
+        return ParallelDims.of(self).world_size
 
 
 class TrainConfig(StrictModel):
@@ -559,9 +560,8 @@ class JobSpec(StrictModel):
 
 
 def seq_multiple(layout: str, ring_size: int, ulysses_size: int = 1) -> int:
-    """The global sequence length must be a multiple of this for `layout` on a ring of `ring_size` (zigzag cuts
-    2 · ring_size chunks) whose shards split again into `ulysses_size` equal pieces."""
-    return ring_size * math.lcm(2 if layout == "zigzag" else 1, ulysses_size)
+    """The global sequence length must be a multiple of this (`ParallelDims.seq_divisor`)."""
+    return ParallelDims(ring_size=ring_size, ulysses_size=ulysses_size).seq_divisor(layout)
 
 
 def ulysses_heads_problem(model: ModelConfig | HFModelConfig, ulysses_size: int) -> str | None:

@@ -30,7 +30,7 @@ import ray
 
 from workers.orchestration.actor import RankResult
 from workers.orchestration.forwarding import MetricForwarder
-from workers.orchestration.placement import node_crossings, nodes_per_ring
+from workers.orchestration.placement import node_crossings, nodes_per_group
 from workers.orchestration.recovery import Delivered, ResumePlan, plan_resume
 from workers.orchestration.reporter import Reporter
 from workers.orchestration.reservation import (
@@ -39,12 +39,14 @@ from workers.orchestration.reservation import (
     PlacementTimeout,
     RankGroup,
     RankLost,
+    alive_node_resources,
     init_group,
     lost_errors,
     reserve,
     short,
     wants_gpus,
 )
+from workers.parallel_dims import ParallelDims
 from workers.protocol import DriverEnv, JobState
 from workers.training.lease import Lease
 
@@ -148,7 +150,7 @@ class JobDriver:
 
     def _reserve(self, resume_step: int | None) -> RankGroup:
         if self.gpu is None:
-            self.gpu = wants_gpus(self.spec)
+            self.gpu = wants_gpus(self.spec, alive_node_resources())
         attempt_name = f"rt-{self.env.job_id}-d{self.env.attempt}-r{self.restarts}"
         return reserve(
             self.spec,
@@ -174,15 +176,15 @@ class JobDriver:
         return 1
 
     def _report_running(self, g: RankGroup) -> None:
-        ring = self.spec.parallel.ring_size * self.spec.parallel.ulysses_size  # one replica's sequence group
+        seq_group_size = ParallelDims.of(self.spec.parallel).seq_group_size
         meta: Metadata = {
             "attention_backend": g.attention_backend,
             "dist_backend": g.backend,
             "accelerator": "gpu" if self.gpu else "cpu",
             "placement_strategy": g.strategy,
             "nodes": len({a.node_id for a in g.assignments}),
-            "ring_node_crossings": node_crossings(g.assignments, ring),
-            "max_nodes_per_ring": max(nodes_per_ring(g.assignments, ring)),
+            "ring_node_crossings": node_crossings(g.assignments, seq_group_size),
+            "max_nodes_per_ring": max(nodes_per_group(g.assignments, seq_group_size)),
             "restarts": self.restarts,
             "driver_attempt": self.env.attempt,
         }
@@ -194,8 +196,8 @@ class JobDriver:
         )
         for a in g.assignments:
             log.info(
-                "rank %d → node %s (%s) %s ring %d pid %d",
-                a.rank, a.node_id[:12], a.node_ip, a.device, a.ring, g.pids[a.actor_index],
+                "rank %d → node %s (%s) %s replica %d pid %d",
+                a.rank, a.node_id[:12], a.node_ip, a.device, a.replica, g.pids[a.actor_index],
             )  # fmt: skip
 
     def _train(self, g: RankGroup, resume_step: int) -> RankResult:
@@ -318,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "world": spec.world_size,
                 "ring": spec.parallel.ring_size,
+                "ulysses": spec.parallel.ulysses_size,
                 "dp": spec.parallel.data_parallel,
                 "checkpoint_dir": env.checkpoint_dir,
             }

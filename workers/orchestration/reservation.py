@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +25,8 @@ from workers.orchestration.placement import (
     choose_strategy,
     dist_backend,
     make_bundles,
-    order_ranks,
 )
+from workers.parallel_dims import ParallelDims, resolve_accelerator
 from workers.protocol import RankPlacement
 
 ACTOR_NAMESPACE = "ringtrain"
@@ -88,7 +88,13 @@ class RankGroup:
 
     def placement(self) -> list[RankPlacement]:
         return [
-            RankPlacement(rank=a.rank, node_id=a.node_id, node_ip=a.node_ip, device=a.device, ring=a.ring)
+            RankPlacement(
+                rank=a.rank,
+                node_id=a.node_id,
+                node_ip=a.node_ip,
+                device=a.device,
+                ring=a.replica,
+            )
             for a in self.assignments
         ]
 
@@ -104,12 +110,15 @@ class RankGroup:
             self.pg = None
 
 
-def wants_gpus(spec: JobSpec) -> bool:
-    """True = one GPU per rank. `auto` uses GPUs when the cluster has at least one per rank."""
-    acc = spec.resources.accelerator
-    if acc != "auto":
-        return acc == "gpu"
-    return float(ray.cluster_resources().get("GPU", 0.0)) >= spec.world_size
+def alive_node_resources() -> list[dict[str, float]]:
+    """Each alive node's total resources, as Ray reports them."""
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def wants_gpus(spec: JobSpec, nodes_total: Sequence[Mapping[str, float]]) -> bool:
+    """True = one GPU per rank (`parallel_dims.resolve_accelerator`: the control plane's rule)."""
+    node_gpus = [node.get("GPU", 0.0) for node in nodes_total]
+    return resolve_accelerator(spec.resources.accelerator, node_gpus) == "gpu"
 
 
 def ray_get(refs: list[Any], timeout_s: float, cancelled: Callable[[], bool]) -> list[Any]:
@@ -144,10 +153,11 @@ def reserve(
     before waiting for the group (the PLACING reason). Raises PlacementTimeout, Cancelled or RankLost; releases
     whatever it created when it raises.
     """
-    world = spec.world_size
-    gpu = wants_gpus(spec) if gpu is None else gpu
+    dims = ParallelDims.of(spec.parallel)
+    world = dims.world_size
+    nodes_total = alive_node_resources()
+    gpu = wants_gpus(spec, nodes_total) if gpu is None else gpu
     bundles = make_bundles(world, gpu=gpu, cpus_per_worker=spec.resources.cpus_per_worker)
-    nodes_total = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     strategy = choose_strategy(world, bundles[0], nodes_total)
     shortfall = capacity_shortfall(world, bundles[0], nodes_total)
     want = ", ".join(f"{v:g} {k}" for k, v in bundles[0].items())
@@ -182,10 +192,8 @@ def reserve(
         infos: list[RankInfo] = ray_get([a.info.remote() for a in group.actors], actor_start_timeout_s, cancelled)
         group.locations = [WorkerLocation(i.node_id, i.node_ip, i.gpu_ids) for i in infos]
         group.pids = [i.pid for i in infos]
-        # One replica's sequence group (ring × Ulysses) is a contiguous block of ranks, Ulysses innermost
-        # (`workers.training.mesh`): keep each block on as few nodes as possible.
-        seq_group = spec.parallel.ring_size * spec.parallel.ulysses_size
-        group.assignments = order_ranks(group.locations, seq_group, spec.parallel.data_parallel)
+        # Each replica's sequence group is a contiguous block of ranks, on as few nodes as possible.
+        group.assignments = dims.order_ranks(group.locations)
         group.backend = dist_backend(group.locations)
         return group
     except BaseException:

@@ -1,8 +1,9 @@
 """The job's device mesh: `data_parallel × ring_size × ulysses_size`, named dims, flattened for sharding.
 
-Rank = (dp_index · ring_size + ring_rank) · ulysses_size + ulysses_rank (the layout
-`workers.attention.ulysses.usp_group_ranks` assumes): a Ulysses group is a contiguous block of ranks,
-a ring is a contiguous block of Ulysses groups, so the chattiest exchanges stay between neighbours.
+Rank = (dp_index · ring_size + ring_rank) · ulysses_size + ulysses_rank (`workers.parallel_dims`,
+the layout `workers.attention.ulysses.usp_group_ranks` assumes too): a Ulysses group is a
+contiguous block of ranks, a ring is a contiguous block of Ulysses groups, so the chattiest
+exchanges stay between neighbours.
 
 Every rank's weight gradient is a partial sum of the same loss (sequence-parallel ranks hold other
 tokens of the same sequences, data-parallel replicas other sequences), so the training state is sharded
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from workers.parallel_dims import ParallelDims
 
 DIMS = ("dp", "ring", "ulysses")
 SHARD_DIM = "dp_ring_ulysses"
@@ -35,16 +38,20 @@ class Mesh:
     shard_mesh: DeviceMesh | None = None  # all of DIMS flattened: what FSDP shards over
 
     @property
+    def dims(self) -> ParallelDims:
+        return ParallelDims(self.data_parallel, self.ring_size, self.ulysses_size)
+
+    @property
     def dp_index(self) -> int:
-        return self.rank // (self.ring_size * self.ulysses_size)
+        return self.dims.coordinates(self.rank).dp_index
 
     @property
     def ring_rank(self) -> int:
-        return (self.rank // self.ulysses_size) % self.ring_size
+        return self.dims.coordinates(self.rank).ring_rank
 
     @property
     def ulysses_rank(self) -> int:
-        return self.rank % self.ulysses_size
+        return self.dims.coordinates(self.rank).ulysses_rank
 
     @property
     def distributed(self) -> bool:
@@ -55,19 +62,14 @@ def build_mesh(ring_size: int, data_parallel: int, ulysses_size: int = 1, device
     """The mesh over the initialized default group (collective: all ranks call it, in the same order).
 
     Without torch.distributed only a world of one is possible, and there is nothing to shard over."""
-    world_needed = data_parallel * ring_size * ulysses_size
+    dims = ParallelDims(data_parallel, ring_size, ulysses_size)
     if not (dist.is_available() and dist.is_initialized()):
-        if world_needed != 1:
-            raise RuntimeError(
-                f"data_parallel={data_parallel} × ring_size={ring_size} × ulysses_size={ulysses_size} "
-                "needs torch.distributed"
-            )
+        if dims.world_size != 1:
+            raise RuntimeError(f"{dims.describe()} needs torch.distributed")
         return Mesh(0, 1, 1, 1, None, None)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world != world_needed:
-        raise RuntimeError(
-            f"world size {world} != data_parallel {data_parallel} × ring_size {ring_size} × ulysses_size {ulysses_size}"
-        )
+    if world != dims.world_size:
+        raise RuntimeError(f"world size {world} != {dims.describe()}")
     mesh = init_device_mesh(device_type, (data_parallel, ring_size, ulysses_size), mesh_dim_names=DIMS)
     return Mesh(
         rank=rank,

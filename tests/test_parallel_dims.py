@@ -1,0 +1,162 @@
+"""The parallel shape and the shared placement rules (`workers.parallel_dims`), and that every
+layer that used to keep its own copy of a rule (planner, admission, capacity, the driver's
+reservation, the trainer's mesh) gives the same answer where the copies disagreed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.admission import Free, demand_of, uses_gpus
+from service.capacity import resolve_accelerator as resolve_for_cluster
+from service.launcher import ClusterInfo, NodeInfo
+from service.planner import plan
+from workers.attention.ulysses import usp_group_ranks
+from workers.config import JobSpec, seq_multiple
+from workers.orchestration.placement import capacity_shortfall
+from workers.orchestration.reservation import wants_gpus
+from workers.parallel_dims import (
+    PACK,
+    STRICT_PACK,
+    ParallelDims,
+    WorkerLocation,
+    bundles_per_node,
+    choose_strategy,
+    node_crossings,
+    order_ranks,
+    rank_bundle,
+    resolve_accelerator,
+)
+from workers.training.mesh import Mesh
+
+
+def _spec(ring: int, *, ulysses: int = 1, dp: int = 1, **resources: Any) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "shape",
+            "data": {"kind": "passkey", "seq_len": 96 * ring * ulysses},
+            "parallel": {"ring_size": ring, "ulysses_size": ulysses, "data_parallel": dp},
+            "train": {"batch_size": dp},
+            "resources": {"accelerator": "auto", **resources},
+        }
+    )
+
+
+def _ray_resources(cluster: ClusterInfo) -> list[dict[str, float]]:
+    """The alive nodes as the driver reads them from `ray.nodes()` (total resources)."""
+    return [{"CPU": n.cpus_total, "GPU": n.gpus_total} for n in cluster.nodes if n.alive]
+
+
+def test_shape_degrees_group_divisor_and_words() -> None:
+    dims = ParallelDims(data_parallel=2, ring_size=4, ulysses_size=2)
+    assert (dims.world_size, dims.seq_group_size) == (16, 8)
+    assert dims.describe() == "data_parallel 2 x ulysses_size 2 x ring_size 4"
+    # zigzag cuts 2 x ring chunks; each ring shard splits again into ulysses pieces
+    assert [dims.seq_divisor(layout) for layout in ("contiguous", "striped", "zigzag")] == [8, 8, 8]
+    odd = ParallelDims(ring_size=2, ulysses_size=3)
+    assert [odd.seq_divisor(layout) for layout in ("contiguous", "zigzag")] == [6, 12]
+    assert ParallelDims(ring_size=4).seq_divisor("zigzag") == 8
+    assert seq_multiple("zigzag", 2, 3) == 12  # the config's cross-field checks use this divisor
+    with pytest.raises(ValueError, match="ring_size must be an integer >= 1"):
+        ParallelDims(ring_size=0)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        dims.seq_divisor("diagonal")
+    spec = _spec(4, ulysses=2, dp=2)
+    assert ParallelDims.of(spec.parallel) == dims and spec.world_size == 16
+
+
+def test_config_refuses_a_length_the_shape_cannot_split() -> None:
+    base = {"name": "s", "parallel": {"ring_size": 2, "ulysses_size": 3}}
+    with pytest.raises(ValueError, match=r"divisible by 12 for the zigzag layout"):
+        JobSpec.model_validate({**base, "data": {"kind": "passkey", "seq_len": 96 + 6}})
+    fits = JobSpec.model_validate({**base, "data": {"kind": "passkey", "seq_len": 96 + 12}})
+    assert fits.world_size == 6
+
+
+def test_coordinates_match_the_ulysses_and_ring_groups() -> None:
+    dims = ParallelDims(data_parallel=2, ring_size=2, ulysses_size=2)
+    ulysses_groups, ring_groups = usp_group_ranks(dims.world_size, 2, 2)
+    for rank in range(dims.world_size):
+        where = dims.coordinates(rank)
+        assert ulysses_groups[rank // 2][where.ulysses_rank] == rank
+        ring = next(group for group in ring_groups if rank in group)
+        assert ring.index(rank) == where.ring_rank
+        assert where.dp_index == rank // 4
+    five = dims.coordinates(5)
+    assert (five.dp_index, five.ring_rank, five.ulysses_rank) == (1, 0, 1)
+    mesh = Mesh(5, 8, data_parallel=2, ring_size=2, ring_group=None, dp_group=None, ulysses_size=2)
+    assert (mesh.dp_index, mesh.ring_rank, mesh.ulysses_rank) == (1, 0, 1)
+    with pytest.raises(ValueError, match="outside a world of 8"):
+        dims.coordinates(8)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "expected"),
+    [
+        # 4 GPUs, 8 ranks: the driver's old rule (GPUs >= world size) said CPU, the rest GPU
+        ([NodeInfo("g", "10.0.0.1", True, 32, 32, 4, 4)], "gpu"),
+        ([NodeInfo("c", "10.0.0.1", True, 32, 32, 0, 0)], "cpu"),
+        ([NodeInfo("c", "", True, 32, 32, 0, 0), NodeInfo("dead", "", False, 8, 0, 8, 0)], "cpu"),
+    ],
+)
+def test_every_layer_resolves_auto_the_same_way(nodes: list[NodeInfo], expected: str) -> None:
+    spec = _spec(8)
+    cluster = ClusterInfo(nodes=nodes)
+    assert resolve_accelerator("auto", [n.gpus_total for n in nodes if n.alive]) == expected
+    assert plan(spec, cluster).accelerator == expected
+    assert resolve_for_cluster(spec, cluster).resources.accelerator == expected
+    assert ("gpu" if uses_gpus(spec, cluster) else "cpu") == expected
+    assert ("gpu" if wants_gpus(spec, _ray_resources(cluster)) else "cpu") == expected
+    # a named accelerator is never re-decided
+    assert resolve_accelerator("cpu", [8.0]) == "cpu" and resolve_accelerator("gpu", []) == "gpu"
+    with pytest.raises(ValueError, match="accelerator must be"):
+        resolve_accelerator("tpu", [])
+
+
+def test_bundles_per_node_counts_in_rays_resource_unit() -> None:
+    bundle = rank_bundle(gpu=False, cpus_per_worker=0.1)
+    assert bundle == {"CPU": 0.1}
+    assert 0.3 // 0.1 == 2.0  # float floor division: the planner's and admission's old count
+    assert bundles_per_node(bundle, {"CPU": 0.3}) == 3
+    assert bundles_per_node(rank_bundle(gpu=True, cpus_per_worker=4), {"CPU": 32, "GPU": 8}) == 8
+    assert bundles_per_node(rank_bundle(gpu=True, cpus_per_worker=4), {"CPU": 10, "GPU": 8}) == 2
+    assert bundles_per_node(rank_bundle(gpu=True, cpus_per_worker=1), {"CPU": 8}) == 0
+    assert bundles_per_node(bundle, {"CPU": -1.0}) == 0  # a ledger may run below zero
+    # the same three bundles everywhere: the planner, admission and the driver's placement check
+    spec = _spec(3, cpus_per_worker=0.1)
+    node = NodeInfo("n", "10.0.0.1", True, 0.3, 0.3, 0, 0)
+    preview = plan(spec, ClusterInfo(nodes=[node]))
+    assert preview.fits and preview.strategy == STRICT_PACK and preview.nodes_used == 1
+    assert Free("n", 0.3, 0.0).holds(demand_of(spec, gpu=False)) == 3
+    assert capacity_shortfall(3, bundle, [{"CPU": 0.3}]) is None
+    assert choose_strategy(3, bundle, [{"CPU": 0.3}]) == STRICT_PACK
+
+
+def test_the_preview_orders_ranks_as_the_driver_does() -> None:
+    # GPUs per node 3, 3, 2; two sequence groups of 4. Filling ranks in node order would give
+    # a a a b | b b c c; the driver's best fit puts the 2-GPU node's ranks between the groups.
+    gpus = {"a": 3, "b": 3, "c": 2}
+    nodes = [NodeInfo(name, "", True, 32, 32, count, count) for name, count in gpus.items()]
+    spec = _spec(4, dp=2)
+    preview = plan(spec, ClusterInfo(nodes=nodes))
+    assert preview.strategy == PACK
+    assert [s.node_id for s in preview.placement] == ["a", "a", "a", "c", "c", "b", "b", "b"]
+    assert [s.ring for s in preview.placement] == [0] * 4 + [1] * 4
+    assert preview.node_crossings == 4
+    landing = [WorkerLocation(name, "", (str(k),)) for name in gpus for k in range(gpus[name])]
+    driver = order_ranks(landing, seq_group_size=4, data_parallel=2)
+    previewed = [(slot.node_id, slot.device) for slot in preview.placement]
+    assert [(a.node_id, a.device) for a in driver] == previewed
+    assert node_crossings(driver, 4) == preview.node_crossings
+
+
+def test_the_preview_asks_for_the_strategy_the_driver_asks_for() -> None:
+    # One node holds all 8 GPUs but only 4 are free; another has 4 free. The driver asks Ray for
+    # STRICT_PACK (a node's total holds the job): the job waits for the big node, as previewed.
+    nodes = [NodeInfo("big", "", True, 64, 64, 8, 4), NodeInfo("small", "", True, 64, 64, 4, 4)]
+    preview = plan(_spec(8), ClusterInfo(nodes=nodes))
+    bundle = rank_bundle(gpu=True, cpus_per_worker=1)
+    assert choose_strategy(8, bundle, [{"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 4}]) == STRICT_PACK
+    assert preview.fits and preview.strategy == STRICT_PACK
+    assert [s.node_id for s in preview.placement] == ["big"] * 8 and preview.node_crossings == 0

@@ -1,0 +1,337 @@
+"""The parallel shape of a job and the placement rules every layer shares. No torch, no Ray.
+
+Why one module: the planner's preview, admission, the driver's reservation and the trainer's mesh
+must agree on how many ranks a job has, which ranks share a sequence, which accelerator `auto` means
+and how many ranks fit a node. When each computed its own copy they drifted apart. This module sits
+beside `workers.config` and `workers.protocol` in the ground layer, so the control plane may import
+it.
+
+The shape (`ParallelDims`, after torchtitan's class of the same name): world = data_parallel x
+ulysses_size x ring_size. The *sequence group* is the ulysses_size x ring_size ranks that share one
+sequence (one data-parallel replica). Its ranks are contiguous, Ulysses innermost:
+
+    rank = (dp_index * ring_size + ring_rank) * ulysses_size + ulysses_rank
+
+so a Ulysses group (the latency-bound all-to-all) is a block of neighbouring ranks, a ring is a
+block of Ulysses groups, and rank ordering keeps each sequence group on as few nodes as possible.
+`seq_divisor(layout)` is what the global sequence length must be a multiple of: the ring layout
+cuts the sequence into ring_size (contiguous, striped) or 2 x ring_size (zigzag) chunks, and each
+ring shard splits again into ulysses_size equal pieces.
+
+The rules, each decided here only:
+
+- Accelerator (`resolve_accelerator`): `auto` means GPUs when any alive node has a GPU (in the
+  control plane: counting the nodes the autoscaler may add). The driver used to decide `auto`
+  differently (GPUs only when the cluster's GPUs numbered at least the world size), so a job
+  admitted and charged as a GPU job could start on CPUs. The any-GPU rule is the one kept: a job's
+  demand is one GPU per rank and must not change with what happens to be up; a job larger than the
+  GPUs waits for them or is refused, never moved silently onto CPUs, and a GPU group the autoscaler
+  scaled to zero still means GPUs.
+- One bundle per rank (`rank_bundle`): {"CPU": cpus_per_worker}, plus {"GPU": 1} on GPUs.
+- Bundles per node (`bundles_per_node`): counted in Ray's resource unit (0.0001), as Ray itself
+  counts, so 0.3 free CPUs hold three bundles of 0.1 CPU. Float floor division said two in the
+  planner and in admission while the driver's placement check said three.
+- Strategy (`choose_strategy`): STRICT_PACK when one node's *total* resources hold the whole job,
+  else PACK. The planner previews what the driver will ask Ray for.
+- Rank order (`order_ranks`) and crossings (`ring_crossings`): the planner's preview and the driver
+  call the same functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+LAYOUTS = ("contiguous", "zigzag", "striped")
+Accelerator = Literal["gpu", "cpu"]
+STRICT_PACK = "STRICT_PACK"
+PACK = "PACK"
+RESOURCE_UNIT = 1e-4  # Ray's fixed-point resource granularity
+
+
+class _ParallelFields(Protocol):
+    """What `ParallelDims.of` reads (`workers.config.ParallelConfig`, which imports this module)."""
+
+    @property
+    def data_parallel(self) -> int: ...
+
+    @property
+    def ring_size(self) -> int: ...
+
+    @property
+    def ulysses_size(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class RankCoordinates:
+    """Where one rank sits in the shape."""
+
+    dp_index: int  # data-parallel replica
+    ring_rank: int
+    ulysses_rank: int
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Validated parallel degrees and what follows from them."""
+
+    data_parallel: int = 1
+    ring_size: int = 1
+    ulysses_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("data_parallel", "ring_size", "ulysses_size"):
+            degree = getattr(self, name)
+            if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {degree!r}")
+
+    @classmethod
+    def of(cls, parallel: _ParallelFields) -> ParallelDims:
+        """The shape of a spec's `parallel` section."""
+        return cls(parallel.data_parallel, parallel.ring_size, parallel.ulysses_size)
+
+    @property
+    def seq_group_size(self) -> int:
+        """Ranks that share one sequence: ulysses_size x ring_size (one data-parallel replica)."""
+        return self.ulysses_size * self.ring_size
+
+    @property
+    def world_size(self) -> int:
+        return self.data_parallel * self.seq_group_size
+
+    def describe(self) -> str:
+        """The shape in words, for messages."""
+        dp, ulysses, ring = self.data_parallel, self.ulysses_size, self.ring_size
+        return f"data_parallel {dp} x ulysses_size {ulysses} x ring_size {ring}"
+
+    def seq_divisor(self, layout: str) -> int:
+        """The global sequence length must be a multiple of this for `layout`."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        chunks_per_rank = 2 if layout == "zigzag" else 1
+        return self.ring_size * math.lcm(chunks_per_rank, self.ulysses_size)
+
+    def coordinates(self, rank: int) -> RankCoordinates:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+        return RankCoordinates(
+            dp_index=rank // self.seq_group_size,
+            ring_rank=(rank // self.ulysses_size) % self.ring_size,
+            ulysses_rank=rank % self.ulysses_size,
+        )
+
+    def order_ranks(self, locations: Sequence[WorkerLocation]) -> list[RankAssignment]:
+        return order_ranks(locations, self.seq_group_size, self.data_parallel)
+
+    def ring_crossings(self, assignments: Sequence[RankAssignment]) -> list[int]:
+        return ring_crossings(assignments, self.seq_group_size)
+
+
+# --- accelerator and bundles ------------------------------------------------------------------
+
+
+def resolve_accelerator(requested: str, node_gpus: Iterable[float]) -> Accelerator:
+    """What a job asking for `requested` runs on, given each alive node's total GPUs."""
+    if requested == "gpu":
+        return "gpu"
+    if requested == "cpu":
+        return "cpu"
+    if requested != "auto":
+        raise ValueError(f"accelerator must be 'auto', 'cpu' or 'gpu', got {requested!r}")
+    return "gpu" if any(gpus > 0 for gpus in node_gpus) else "cpu"
+
+
+def rank_bundle(*, gpu: bool, cpus_per_worker: float) -> dict[str, float]:
+    """The resources one rank reserves."""
+    bundle = {"CPU": float(cpus_per_worker)}
+    if gpu:
+        bundle["GPU"] = 1.0
+    return bundle
+
+
+def _units(amount: float) -> int:
+    return round(amount / RESOURCE_UNIT)
+
+
+def bundles_per_node(bundle: Mapping[str, float], node_resources: Mapping[str, float]) -> int:
+    """How many `bundle`s fit in `node_resources` (a node's total or free resources)."""
+    counts = [
+        max(0, _units(node_resources.get(kind, 0.0))) // _units(amount)
+        for kind, amount in bundle.items()
+        if _units(amount) > 0
+    ]
+    if not counts:
+        raise ValueError(f"a bundle must ask for some resource, got {dict(bundle)}")
+    return min(counts)
+
+
+def choose_strategy(
+    world_size: int,
+    bundle: Mapping[str, float],
+    nodes_total: Sequence[Mapping[str, float]],
+) -> str:
+    """STRICT_PACK when the whole group fits one node's total resources, else PACK."""
+    if any(bundles_per_node(bundle, node) >= world_size for node in nodes_total):
+        return STRICT_PACK
+    return PACK
+
+
+# --- rank order ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerLocation:
+    """Where one actor (bundle i) landed, as reported by the actor itself."""
+
+    node_id: str
+    node_ip: str
+    gpu_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankAssignment:
+    rank: int
+    actor_index: int  # index of the actor / bundle this rank runs on
+    node_id: str
+    node_ip: str
+    replica: int  # data-parallel replica (dp_index): which sequence group the rank belongs to
+    group_rank: int  # position inside its sequence group
+    local_rank: int  # index among this job's actors on the same node (GPU id order)
+    local_world_size: int
+    visible_devices: tuple[str, ...]  # sorted union of the node's GPU ids (empty on CPU)
+    device: str  # "cuda:<k>" or "cpu"
+
+
+def _gpu_key(gpu_id: str) -> tuple[int, int | str]:
+    return (0, int(gpu_id)) if str(gpu_id).isdigit() else (1, str(gpu_id))
+
+
+def _first_gpu(location: WorkerLocation) -> tuple[int, int | str]:
+    """Sort key of an actor inside its node: its lowest GPU id (CPU actors last)."""
+    return min((_gpu_key(g) for g in location.gpu_ids), default=(2, 0))
+
+
+def _fill_groups(
+    node_order: list[str], remaining: dict[str, list[int]], seq_group_size: int, data_parallel: int
+) -> list[list[tuple[str, list[int]]]]:
+    """Each sequence group as (node, actors) segments, on as few nodes as possible (best fit)."""
+    groups: list[list[tuple[str, list[int]]]] = []
+    for _ in range(data_parallel):
+        need, segments = seq_group_size, []
+        while need:
+            avail = [n for n in node_order if remaining[n]]
+            exact = [n for n in avail if len(remaining[n]) == need]
+            cover = [n for n in avail if len(remaining[n]) > need]
+            if exact:
+                pick = exact[0]
+            elif cover:
+                pick = min(cover, key=lambda n: (len(remaining[n]), node_order.index(n)))
+            else:
+                pick = max(avail, key=lambda n: (len(remaining[n]), -node_order.index(n)))
+            taken = remaining[pick][:need]
+            remaining[pick] = remaining[pick][need:]
+            segments.append((pick, taken))
+            need -= len(taken)
+        groups.append(segments)
+    return groups
+
+
+def order_ranks(
+    locations: Sequence[WorkerLocation], seq_group_size: int, data_parallel: int = 1
+) -> list[RankAssignment]:
+    """Assign ranks to actors (index = bundle/actor order). Returns assignments indexed by rank.
+
+    Ray does not keep one node's bundles contiguous, so ranks are assigned from where the actors
+    landed: actors grouped by node (nodes in order of first appearance), GPU id ascending inside a
+    node; each sequence group (rank = replica x seq_group_size + group_rank) is filled with as
+    few nodes as possible (whole nodes first, then the node whose remaining actors fit the gap
+    exactly, else the smallest node that covers it), and its node segments are contiguous, so a
+    group spanning k >= 2 nodes crosses a node boundary exactly k times. On each node the visible
+    devices are the sorted union of that node's GPU ids of this job and an actor's device is the
+    index of its GPU in that list (the usual local-rank convention, so NCCL sees its peers).
+    """
+    world = seq_group_size * data_parallel
+    if len(locations) != world:
+        raise ValueError(
+            f"expected {world} actors (sequence group {seq_group_size} x data_parallel "
+            f"{data_parallel}), got {len(locations)}"
+        )
+    nodes: dict[str, list[int]] = {}
+    for i, loc in enumerate(locations):
+        nodes.setdefault(loc.node_id, []).append(i)
+    for idxs in nodes.values():
+        idxs.sort(key=lambda i: (_first_gpu(locations[i]), i))
+    node_order = list(nodes)
+    remaining = {n: list(idxs) for n, idxs in nodes.items()}
+    groups = _fill_groups(node_order, remaining, seq_group_size, data_parallel)
+
+    # Keep a node shared by consecutive groups adjacent in global rank order: its segment goes last
+    # in the earlier group and first in the later one (a ring is a cycle: segment order does not
+    # change its crossings).
+    for d, segments in enumerate(groups):
+        prev_nodes = {n for n, _ in groups[d - 1]} if d else set()
+        next_nodes = {n for n, _ in groups[d + 1]} if d + 1 < len(groups) else set()
+        segments.sort(key=lambda s: 0 if s[0] in prev_nodes else 2 if s[0] in next_nodes else 1)
+
+    # Per-node local ranks and visible devices (GPU order, independent of rank order).
+    local: dict[int, tuple[int, int]] = {}
+    visible: dict[str, tuple[str, ...]] = {}
+    for n, idxs in nodes.items():
+        for k, i in enumerate(idxs):
+            local[i] = (k, len(idxs))
+        visible[n] = tuple(sorted({g for i in idxs for g in locations[i].gpu_ids}, key=_gpu_key))
+
+    out: list[RankAssignment] = []
+    for replica, segments in enumerate(groups):
+        group_rank = 0
+        for n, idxs in segments:
+            for i in idxs:
+                loc = locations[i]
+                device = f"cuda:{visible[n].index(loc.gpu_ids[0])}" if loc.gpu_ids else "cpu"
+                out.append(
+                    RankAssignment(
+                        rank=replica * seq_group_size + group_rank,
+                        actor_index=i,
+                        node_id=n,
+                        node_ip=loc.node_ip,
+                        replica=replica,
+                        group_rank=group_rank,
+                        local_rank=local[i][0],
+                        local_world_size=local[i][1],
+                        visible_devices=visible[n],
+                        device=device,
+                    )
+                )
+                group_rank += 1
+    return out
+
+
+def _groups(
+    assignments: Sequence[RankAssignment],
+    seq_group_size: int,
+) -> list[list[RankAssignment]]:
+    by_rank = sorted(assignments, key=lambda a: a.rank)
+    starts = range(0, len(by_rank), seq_group_size)
+    return [by_rank[start : start + seq_group_size] for start in starts]
+
+
+def ring_crossings(assignments: Sequence[RankAssignment], seq_group_size: int) -> list[int]:
+    """Per sequence group: how many neighbouring pairs (cyclic, r -> r+1) sit on different nodes."""
+    if seq_group_size == 1:
+        return [0] * len(assignments)
+    return [
+        sum(group[i].node_id != group[(i + 1) % len(group)].node_id for i in range(len(group)))
+        for group in _groups(assignments, seq_group_size)
+    ]
+
+
+def node_crossings(assignments: Sequence[RankAssignment], seq_group_size: int) -> int:
+    """Total neighbour hops that cross a node boundary, over all sequence groups."""
+    return sum(ring_crossings(assignments, seq_group_size))
+
+
+def nodes_per_group(assignments: Sequence[RankAssignment], seq_group_size: int) -> list[int]:
+    """Per sequence group: how many nodes it spans."""
+    return [len({a.node_id for a in group}) for group in _groups(assignments, seq_group_size)]
