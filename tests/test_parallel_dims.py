@@ -67,7 +67,8 @@ def test_shape_degrees_group_divisor_and_words() -> None:
 
 
 def test_config_refuses_a_length_the_shape_cannot_split() -> None:
-    base = {"name": "s", "parallel": {"ring_size": 2, "ulysses_size": 3}}
+    model = {"d_model": 48, "n_heads": 6, "n_kv_heads": 3}
+    base = {"name": "s", "model": model, "parallel": {"ring_size": 2, "ulysses_size": 3}}
     with pytest.raises(ValueError, match=r"divisible by 12 for the zigzag layout"):
         JobSpec.model_validate({**base, "data": {"kind": "passkey", "seq_len": 96 + 6}})
     fits = JobSpec.model_validate({**base, "data": {"kind": "passkey", "seq_len": 96 + 12}})
