@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from workers.config import JobSpec
 from workers.protocol import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+log = logging.getLogger("ringtrain.api")
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="job id")]
 Seq = Annotated[int, Query(ge=0, le=2**62, description="only entries with seq greater than this")]
@@ -34,9 +36,12 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo |
     """Reject a job the whole cluster can never hold (a cluster we cannot read is not checked here); returns the
     cluster as read (None when it could not be)."""
     try:
-        cluster = admission.with_autoscaler(await ctx.cluster(), ctx.settings.autoscaler_nodes)
-    except Exception:
+        seen = await ctx.cluster()
+    except Exception as e:  # whatever the launcher raises (Ray down, no cluster configured, timeout)
+        why = f"{type(e).__name__}: {str(e)[:300]}"
+        log.warning("a new job is not checked against the cluster: cannot read it (%s)", why)
         return None
+    cluster = admission.with_autoscaler(seen, ctx.settings.autoscaler_nodes)
     if not any(n.alive for n in cluster.nodes):
         return cluster
     p = plan(spec, cluster)
