@@ -1,4 +1,5 @@
-"""The `ringtrain` command line: serve, demo, db upgrade, submit, list, status, cancel, logs, plan, pull.
+"""The `ringtrain` command line: serve, demo, db upgrade, submit, list, status, cancel, logs, plan,
+pull.
 
 Human output by default, `--json` for scripts. The server is `--url` / `RINGTRAIN_URL`
 (default http://127.0.0.1:8000); the token is `--token` / `RINGTRAIN_TOKEN` / `~/.ringtrain/token`.
@@ -407,7 +408,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", parents=[srv], help="serve locally and submit the passkey example")
     s.add_argument("--spec", help="spec to submit instead of examples/passkey.yaml")
     s.set_defaults(fn=cmd_demo, json=False)
-    db = sub.add_parser("db", help="database maintenance").add_subparsers(dest="db_cmd", required=True)
+    db = sub.add_parser("db", help="database maintenance")
+    db = db.add_subparsers(dest="db_cmd", required=True)
     s = db.add_parser("upgrade", help="bring the database to the newest schema (serve does it too)")
     s.add_argument("--database-url", help="SQLAlchemy URL (RINGTRAIN_DATABASE_URL)")
     s.set_defaults(fn=cmd_db_upgrade, json=False, host=None, port=None, ray_address=None)

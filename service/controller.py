@@ -135,7 +135,8 @@ class Controller:
         except Exception as e:  # Ray unreachable: nothing starts, nothing fails, the queue keeps its order
             why = f"cannot read the cluster's capacity ({type(e).__name__}: {str(e)[:300]}); waiting"
             ranked = admission.order([self._queued(j, ClusterInfo()) for j in queued])
-            await asyncio.to_thread(self.store.jobs.set_queue, {q.job_id: (i + 1, why) for i, q in enumerate(ranked)})
+            waiting = {q.job_id: (i + 1, why) for i, q in enumerate(ranked)}
+            await asyncio.to_thread(self.store.jobs.set_queue, waiting)
             return
         cluster = admission.with_autoscaler(cluster, self.settings.autoscaler_nodes)
         now = time.time()
@@ -177,7 +178,8 @@ class Controller:
         spec = self._specs[job_id]
         resolved = capacity.resolve_accelerator(spec, cluster)
         if resolved is not spec:
-            await asyncio.to_thread(self.store.jobs.set_accelerator, job_id, resolved.resources.accelerator)
+            chosen = resolved.resources.accelerator
+            await asyncio.to_thread(self.store.jobs.set_accelerator, job_id, chosen)
             self._specs[job_id] = resolved
 
     def _queued(self, job: Job, cluster: ClusterInfo) -> admission.Queued:
@@ -205,9 +207,8 @@ class Controller:
     async def _submit(self, job_id: str, spec: JobSpec, attempt: int, restarts: int = 0) -> None:
         token = secrets.token_urlsafe(32)
         await asyncio.to_thread(self._rotate_token, job_id, token)
-        through = (
-            await asyncio.to_thread(self.store.metrics.delivered_through, job_id, spec.world_size) if attempt else 0
-        )
+        delivered = self.store.metrics.delivered_through
+        through = await asyncio.to_thread(delivered, job_id, spec.world_size) if attempt else 0
         req = LaunchRequest(
             job_id=job_id,
             spec=spec,
@@ -354,7 +355,8 @@ class Controller:
         """A lost driver is a lost rank of a bigger kind: while restarts remain, RETRYING and a new driver (next
         attempt) that resumes from the job's last checkpoint; it reports the step it resumes from."""
         try:
-            ok = await asyncio.to_thread(self.store.jobs.retry_driver, job_id, submission_id, reason, counts=counts)
+            retry = self.store.jobs.retry_driver
+            ok = await asyncio.to_thread(retry, job_id, submission_id, reason, counts=counts)
         except (JobNotFound, StoreError) as e:
             log.warning("job %s: could not resubmit (%s)", job_id, e)
             return True  # try again on the next pass

@@ -86,16 +86,16 @@ def roomy_launcher() -> RecordingLauncher:
 
 
 def upgraded(settings: Settings) -> Settings:
-    """The settings' database brought to the newest schema: the step `ringtrain serve` runs before the
-    app (building the app only checks it). Every test that builds an app calls this first (`Server`
-    does)."""
+    """The settings' database brought to the newest schema: the step `ringtrain serve` runs before
+    the app (building the app only checks it). Every test that builds an app calls this first
+    (`Server` does)."""
     upgrade(settings.database_url)
     return settings
 
 
 class Server:
-    """A real uvicorn server in a thread, started as `ringtrain serve` starts one: the database upgraded
-    first, then `create_app(settings, launcher)`."""
+    """A real uvicorn server in a thread, started as `ringtrain serve` starts one: the database
+    upgraded first, then `create_app(settings, launcher)`."""
 
     def __init__(self, settings: Settings, launcher: Any) -> None:
         self.settings = upgraded(settings)
@@ -187,8 +187,8 @@ class Driver:
             token = req.ingest_token
             # the launcher has the request; the controller records the submission id (then PLACING) right after,
             # and tests act on that id (cancel stops it, the reconciler polls it): wait until it is stored
-            store = srv.app.state.ctx.store
-            wait_for(lambda: (j := store.jobs.get(job_id)).submission_id or JobState(j.state).terminal)
+            jobs = srv.app.state.ctx.store.jobs
+            wait_for(lambda: (j := jobs.get(job_id)).submission_id or JobState(j.state).terminal)
         self.token = token
         self.seq = 0
         self.http = srv.client(self.token)

@@ -24,7 +24,6 @@ import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import event, inspect, text
 
-from service import lifecycle
 from service.db import alembic_config, make_engine, migrate
 from service.models import Transition
 from service.store import JobNotFound, ReportGap, Store
@@ -306,21 +305,6 @@ def test_listing_and_control_plane_transitions(store: Store):
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == head
 
 
-def test_lifecycle_machine():
-    S = JobState
-    assert lifecycle.path(S.QUEUED, S.RUNNING) == [S.PLACING, S.RUNNING]
-    assert lifecycle.path(S.RETRYING, S.SUCCEEDED) == [S.RUNNING, S.SUCCEEDED]
-    assert lifecycle.path(S.RUNNING, S.RUNNING) == []
-    for term in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
-        for dst in S:
-            if dst != term:
-                with pytest.raises(lifecycle.InvalidTransition):
-                    lifecycle.path(term, dst)
-    assert lifecycle.path(S.QUEUED, S.RETRYING) == [S.PLACING, S.RETRYING]
-    with pytest.raises(lifecycle.InvalidTransition):
-        lifecycle.path(S.RUNNING, S.QUEUED)
-
-
 def test_cancel_requested_failure_ends_cancelled(store: Store):
     job = store.jobs.create("alice", SPEC, "tok")
     store.jobs.set_submission(job.id, "sub")
@@ -330,3 +314,53 @@ def test_cancel_requested_failure_ends_cancelled(store: Store):
     j = store.jobs.get(job.id)
     assert j.state == "CANCELLED" and j.error is None
     assert "while stopping" in store.jobs.transitions(job.id)[-1].reason
+
+
+def test_every_named_listener_gets_the_events_the_store_replays(store: Store, caplog: pytest.LogCaptureFixture):
+    """Live events (the bus) and replayed ones (`events_after`) come from the same builders: equal."""
+    seen: list[tuple[str, list]] = []
+    store.bus.listen("second", lambda jid, evs: seen.append((jid, evs)))
+    with pytest.raises(ValueError, match="'second' is already registered"):
+        store.bus.listen("second", lambda jid, evs: None)
+
+    def broken(jid: str, evs: list) -> None:
+        raise RuntimeError("listener bug")
+
+    job = store.jobs.create("alice", SPEC, "tok")
+    store.bus.listen("broken", broken)
+    assert store.bus.names() == ["test", "second", "broken"]
+    items = [
+        state(1, "RUNNING"),
+        metric(2, 1, value=0.5),
+        metric(3, 1, "mem", math.inf, rank=1),
+        LogItem(seq=4, time=12.5, source="driver", line="hello"),
+        state(5, "SUCCEEDED"),
+    ]
+    with caplog.at_level("ERROR", logger="ringtrain.store"):
+        res = store.metrics.apply_report(job.id, items)  # a failing listener does not fail the write
+    assert res.acked_seq == 5 and store.jobs.get(job.id).state == "SUCCEEDED"
+    assert [r.getMessage() for r in caplog.records] == [f"event listener 'broken' failed on job {job.id}"]
+    live = [e for jid, evs in store.published for e in evs if jid == job.id]
+    assert [e for jid, evs in seen for e in evs if jid == job.id] == live
+    assert live == store.metrics.events_after(job.id, 0)
+    kinds = [(e.seq, e.kind) for e in live]
+    assert kinds == [(1, "state"), (2, "state"), (3, "state"), (4, "metric"), (5, "metric"), (6, "log"), (7, "state")]
+    assert live[4].data == {"seq": 5, "step": 1, "name": "mem", "value": None, "rank": 1, "time": items[2].time}
+
+
+def test_the_app_needs_an_upgraded_database(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Building the app never migrates: it refuses an old schema naming the fix, `ringtrain db upgrade`."""
+    from api.app import create_app
+    from api.cli import main
+    from service.db import SchemaOutdated
+    from tests.api_harness import RecordingLauncher, make_settings
+
+    settings = make_settings(tmp_path)
+    with pytest.raises(SchemaOutdated, match=r"at schema revision \(none\), not .*ringtrain db upgrade"):
+        create_app(settings, RecordingLauncher())
+    assert main(["db", "upgrade", "--database-url", settings.database_url]) == 0
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert capsys.readouterr().out == f"database schema at revision {head}\n"
+    assert main(["db", "upgrade", "--database-url", settings.database_url]) == 0  # idempotent
+    app = create_app(settings, RecordingLauncher())
+    assert app.state.ctx.store.bus.names() == ["sse"]  # no tracker configured: the hub only

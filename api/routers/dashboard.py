@@ -85,7 +85,8 @@ def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: 
         count = len(sr.steps)
         series.append(SeriesOut(name=sr.name, rank=sr.rank, count=count, downsampled=len(s) < count, step=s, value=v))
     transitions = [t for t in store.jobs.transitions(job_id) if t.seq <= last]
-    logs = [LogOut.model_validate(r) for r in store.metrics.log_tail(job_id, through=last, n=n_logs)]
+    tail = store.metrics.log_tail(job_id, through=last, n=n_logs)
+    logs = [LogOut.model_validate(r) for r in tail]
     return SeriesSnapshot(
         job=JobOut.of(job, transitions), last_seq=last, max_points=max_points, series=series, logs=logs
     )

@@ -37,7 +37,7 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo |
     cluster as read (None when it could not be)."""
     try:
         seen = await ctx.cluster()
-    except Exception as e:  # whatever the launcher raises (Ray down, no cluster configured, timeout)
+    except Exception as e:  # what a launcher raises: Ray down, no cluster configured, a timeout
         why = f"{type(e).__name__}: {str(e)[:300]}"
         log.warning("a new job is not checked against the cluster: cannot read it (%s)", why)
         return None
