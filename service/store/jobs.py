@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import func, select
 
@@ -131,7 +131,7 @@ class Jobs:
             out.append((job_id, [add_transition(s, job, to, reason, now)]))
             return True
 
-    def set_queue(self, waiting: dict[str, tuple[int | None, str | None]]) -> int:
+    def set_queue(self, waiting: Mapping[str, tuple[int | None, str | None]]) -> int:
         """Store the scheduler's word on waiting jobs (job id -> queue position, reason; None, None
         once admitted). Only QUEUED rows whose values changed are written, so a steady queue costs
         no writes. Returns rows changed."""
