@@ -1,4 +1,5 @@
-"""Engine creation (SQLite in WAL mode, or PostgreSQL via psycopg 3) and the schema's Alembic upgrades.
+"""Engine creation (SQLite in WAL mode, or PostgreSQL via psycopg 3) and the schema's Alembic
+upgrades.
 
 Upgrading is an explicit step (`ringtrain db upgrade`, which `serve` and `demo` run before the app
 starts); building the app only checks that the schema is current and says how to fix it when not.
@@ -87,7 +88,7 @@ def current_revision(engine: Engine) -> str | None:
 
 
 class SchemaOutdated(RuntimeError):
-    """The database is not at the newest revision: the control plane would fail on its first query."""
+    """The database is not at the newest revision: the app would fail on its first query."""
 
 
 def require_current(engine: Engine) -> None:

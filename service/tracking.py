@@ -4,14 +4,15 @@
 What goes out per job: every metric point (per-rank metrics as `<name>/rank<r>`; NaN/inf as NaN), the spec
 flattened into params (`model.d_model`, `train.lr`, …), and at the end the final state and model path.
 
-Why it cannot hurt a job: its listener on the store's event bus only marks the job dirty (a set insert, O(1),
-nothing else under the store's write lock). One thread per sink reads the job's new points *from the store*
-with a cursor on their `seq`, so the store is the buffer: a tracker that is down loses nothing, and the
-sink catches up when it is back. Each call is retried with tenacity; a sink still failing is retried with
-growing back-off, and the outage (and the recovery) is written once into the job's own log. Points
-superseded by a resume (a retry that continues from a checkpoint) cannot be deleted from MLflow, so the job
-is exported again from scratch into a fresh run (the old one is deleted; TensorBoard's directory is
-rewritten): the tracker always holds exactly what the store holds.
+Why it cannot hurt a job: its listener on the store's event bus only marks the job dirty (a set
+insert, O(1), nothing else under the store's write lock). One thread per sink reads the job's new
+points *from the store* with a cursor on their `seq`, so the store is the buffer: a tracker that is
+down loses nothing, and the sink catches up when it is back. Each call is retried with tenacity; a
+sink still failing is retried with growing back-off, and the outage (and the recovery) is written
+once into the job's own log. Points superseded by a resume (a retry that continues from a
+checkpoint) cannot be deleted from MLflow, so the job is exported again from scratch into a fresh
+run (the old one is deleted; TensorBoard's directory is rewritten): the tracker always holds
+exactly what the store holds.
 
 mlflow and tensorboard are imported only when configured (`pip install 'ringtrain[tracking]'`).
 """
@@ -358,8 +359,8 @@ class _SinkWorker:
 
 
 class Exporter:
-    """Feeds each configured sink from the store after commit; `notify` is its listener on the store's
-    event bus."""
+    """Feeds each configured sink from the store after commit; `notify` is its listener on the
+    store's event bus."""
 
     def __init__(
         self,
@@ -402,8 +403,9 @@ class Exporter:
 
 
 def exporter_for(settings: Settings, store: Store) -> Exporter | None:
-    """The exporter the settings ask for (None when neither tracker is configured). It reads from the
-    store; the caller subscribes `Exporter.notify` to the store's event bus (`api.app.create_app`)."""
+    """The exporter the settings ask for (None when neither tracker is configured). It reads from
+    the store; the caller subscribes `Exporter.notify` to the store's event bus
+    (`api.app.create_app`)."""
     sinks: list[Sink] = []
     if settings.mlflow_tracking_uri:
         sinks.append(MlflowSink(settings.mlflow_tracking_uri, settings.mlflow_experiment))

@@ -14,7 +14,9 @@ S = JobState
 def test_a_failure_reported_while_cancelling_ends_cancelled() -> None:
     got = lifecycle.reported(S.FAILED, "rank 0: boom", "traceback", cancel_requested=True)
     assert got == Reported(
-        S.CANCELLED, "cancelled (the driver reported while stopping: rank 0: boom)", clears_error=True
+        S.CANCELLED,
+        "cancelled (the driver reported while stopping: rank 0: boom)",
+        clears_error=True,
     )
     # no reason: the error text stands in, cut to 500 characters
     got = lifecycle.reported(S.FAILED, None, "x" * 900, cancel_requested=True)
@@ -25,8 +27,10 @@ def test_a_failure_reported_while_cancelling_ends_cancelled() -> None:
 
 
 def test_other_reports_are_taken_as_sent() -> None:
-    assert lifecycle.reported(S.FAILED, "oom", "tb", cancel_requested=False) == Reported(S.FAILED, "oom")
-    assert lifecycle.reported(S.SUCCEEDED, None, None, cancel_requested=True) == Reported(S.SUCCEEDED, None)
+    got = lifecycle.reported(S.FAILED, "oom", "tb", cancel_requested=False)
+    assert got == Reported(S.FAILED, "oom")
+    got = lifecycle.reported(S.SUCCEEDED, None, None, cancel_requested=True)
+    assert got == Reported(S.SUCCEEDED, None)
 
 
 def test_report_steps_fill_in_implied_states_and_count_restarts() -> None:
@@ -77,7 +81,8 @@ def test_a_lost_driver_is_resubmitted_with_a_restart() -> None:
         [Step(S.PLACING, "implied by the driver's loss"), Step(S.RETRYING, why)], None, 1
     )
     # already RETRYING (it died while re-reserving): no transition, the reason goes to the log
-    assert _retry(S.RETRYING, restarts=1) == DriverRetry([], "driver lost; restart 2/2: resubmitting the driver", 1)
+    note = "driver lost; restart 2/2: resubmitting the driver"
+    assert _retry(S.RETRYING, restarts=1) == DriverRetry([], note, 1)
 
 
 def test_a_driver_lost_by_the_cluster_uses_no_restart() -> None:
@@ -107,7 +112,7 @@ def test_control_plane_moves_and_cancels() -> None:
     assert lifecycle.control_move(S.RUNNING, S.RETRYING, only_from={S.PLACING, S.RUNNING})
     assert not lifecycle.control_move(S.RETRYING, S.PLACING, only_from={S.QUEUED})
     assert lifecycle.cancels_at_once(S.QUEUED, None)
-    assert not lifecycle.cancels_at_once(S.QUEUED, "sub-1")  # handed to the cluster: its driver stops it
+    assert not lifecycle.cancels_at_once(S.QUEUED, "sub-1")  # handed over: its driver stops it
     assert not lifecycle.cancels_at_once(S.RUNNING, None)
 
 

@@ -234,7 +234,7 @@ class JobDriver:
                 ray.get(r, timeout=0.1)
             except lost_errors():
                 return True
-            except ray.exceptions.RayError:  # busy (timeout) or its ping raised: the process is alive
+            except ray.exceptions.RayError:  # busy (a timeout) or its ping raised: alive
                 continue
         return False
 
