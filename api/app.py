@@ -1,4 +1,8 @@
-"""The FastAPI application factory: `create_app(settings, launcher=None)`."""
+"""The FastAPI application factory: `create_app(settings, launcher=None)`.
+
+The database must already be at the newest schema (`ringtrain db upgrade`; `serve` runs it first):
+building the app checks it and refuses with that command otherwise.
+"""
 
 from __future__ import annotations
 
@@ -21,11 +25,11 @@ from api.routers import artifacts, audit, cluster, dashboard, events, health, jo
 from api.security import SecurityHeadersMiddleware
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
-from service.db import make_engine, migrate
+from service.db import make_engine, require_current
 from service.hub import Hub
 from service.launcher import ClusterInfo, DriverInfo, Launcher, LaunchRequest
 from service.settings import Settings, ensure_tokens
-from service.store import Store
+from service.store import EventBus, Store
 from service.tracking import exporter_for
 from workers.config import JobSpec
 
@@ -73,10 +77,19 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     setup_logging(settings.log_level)
     tokens = ensure_tokens(settings)
     engine = make_engine(settings.database_url)
-    migrate(engine)
+    try:
+        require_current(engine)  # upgrading is its own step: `ringtrain db upgrade`
+    except Exception:
+        engine.dispose()
+        raise
     hub = Hub()
-    store = Store(engine, on_events=hub.publish)
+    bus = EventBus()
+    store = Store(engine, bus)
     exporter = exporter_for(settings, store)
+    # every consumer of committed job events, in one place
+    bus.listen("sse", hub.publish)
+    if exporter is not None:
+        bus.listen("tracking", exporter.notify)
     launcher = launcher or default_launcher(settings)
     controller = Controller(settings, store, launcher)
     telemetry = Telemetry(store)

@@ -84,6 +84,6 @@ class AuditMiddleware:
             "client": (client[0] if client else "unknown")[:100],
         }
         try:
-            await asyncio.to_thread(self.store.record_audit, **row)
+            await asyncio.to_thread(self.store.audit.record, **row)
         except Exception as e:  # the answer is decided already; a store outage must not turn it into a 500
             log.error("audit row not written (%s): %s", type(e).__name__, {k: row[k] for k in ("owner", "action")})

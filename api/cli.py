@@ -1,4 +1,5 @@
-"""The `ringtrain` command line: serve, demo, submit, list, status, cancel, logs, plan, pull.
+"""The `ringtrain` command line: serve, demo, db upgrade, submit, list, status, cancel, logs, plan,
+pull.
 
 Human output by default, `--json` for scripts. The server is `--url` / `RINGTRAIN_URL`
 (default http://127.0.0.1:8000); the token is `--token` / `RINGTRAIN_TOKEN` / `~/.ringtrain/token`.
@@ -71,7 +72,9 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
     import uvicorn
 
     from api.app import create_app
+    from service.db import upgrade
 
+    upgrade(settings.database_url)  # the one schema upgrade, before the app (which only checks it)
     head = None
     launcher = None
     con = _console()
@@ -123,6 +126,16 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    """Bring the database to the newest schema (what `serve` and `demo` do before starting)."""
+    from service.db import upgrade
+
+    settings = _settings(args)
+    revision = upgrade(settings.database_url)
+    print(f"database schema at revision {revision}")
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -395,6 +408,11 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", parents=[srv], help="serve locally and submit the passkey example")
     s.add_argument("--spec", help="spec to submit instead of examples/passkey.yaml")
     s.set_defaults(fn=cmd_demo, json=False)
+    db_parser = sub.add_parser("db", help="database maintenance")
+    db = db_parser.add_subparsers(dest="db_cmd", required=True)
+    s = db.add_parser("upgrade", help="bring the database to the newest schema (serve does it too)")
+    s.add_argument("--database-url", help="SQLAlchemy URL (RINGTRAIN_DATABASE_URL)")
+    s.set_defaults(fn=cmd_db_upgrade, json=False, host=None, port=None, ray_address=None)
     s = sub.add_parser("submit", parents=[common], help="submit a job spec (YAML/JSON file, or - for stdin)")
     s.add_argument("spec")
     s.add_argument("--follow", "-f", action="store_true", help="show live progress until the job ends")

@@ -58,7 +58,7 @@ class _JobsByState(Collector):
     def collect(self) -> Iterator[Metric]:
         g = GaugeMetricFamily("ringtrain_jobs", "jobs by state", labels=["state"])
         try:
-            counts = self.store.counts_by_state()
+            counts = self.store.jobs.counts_by_state()
         except Exception:
             counts = None
         if counts is not None:

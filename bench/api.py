@@ -63,7 +63,7 @@ def bench_ingest(srv, points: int, batch: int = 500) -> tuple[float, float]:
     store = srv.app.state.ctx.store
     t = time.perf_counter()
     for start in range(0, points, batch):
-        with store.sessions() as s, s.begin():
+        with store.db.sessions() as s, s.begin():
             s.execute(
                 MetricPointRow.__table__.insert(),
                 [

@@ -100,7 +100,7 @@ class Controller:
         # Taken before the read: a submission that ends (and leaves `_submitting`) while the store is read shows
         # up there without its submission id, and must not be handed to the launcher a second time.
         in_flight = set(self._submitting)
-        active = await asyncio.to_thread(self.store.active_jobs)
+        active = await asyncio.to_thread(self.store.jobs.active)
         alive = {j.id for j in active}
         for cache in (self._specs, self._too_big_since):
             for jid in [k for k in cache if k not in alive]:
@@ -135,7 +135,8 @@ class Controller:
         except Exception as e:  # Ray unreachable: nothing starts, nothing fails, the queue keeps its order
             why = f"cannot read the cluster's capacity ({type(e).__name__}: {str(e)[:300]}); waiting"
             ranked = admission.order([self._queued(j, ClusterInfo()) for j in queued])
-            await asyncio.to_thread(self.store.set_queue, {q.job_id: (i + 1, why) for i, q in enumerate(ranked)})
+            waiting = {q.job_id: (i + 1, why) for i, q in enumerate(ranked)}
+            await asyncio.to_thread(self.store.jobs.set_queue, waiting)
             return
         cluster = admission.with_autoscaler(cluster, self.settings.autoscaler_nodes)
         now = time.time()
@@ -165,7 +166,7 @@ class Controller:
         )
         updates: dict[str, tuple[int | None, str | None]] = dict(decision.waiting)
         updates.update({jid: (None, None) for jid in decision.start})
-        await asyncio.to_thread(self.store.set_queue, updates)
+        await asyncio.to_thread(self.store.jobs.set_queue, updates)
         for jid in decision.start:
             log.info("job %s: admitted (%s)", jid, jobs[jid].name)
             await self._resolve_accelerator(jid, cluster)
@@ -177,7 +178,8 @@ class Controller:
         spec = self._specs[job_id]
         resolved = capacity.resolve_accelerator(spec, cluster)
         if resolved is not spec:
-            await asyncio.to_thread(self.store.set_accelerator, job_id, resolved.resources.accelerator)
+            chosen = resolved.resources.accelerator
+            await asyncio.to_thread(self.store.jobs.set_accelerator, job_id, chosen)
             self._specs[job_id] = resolved
 
     def _queued(self, job: Job, cluster: ClusterInfo) -> admission.Queued:
@@ -205,7 +207,8 @@ class Controller:
     async def _submit(self, job_id: str, spec: JobSpec, attempt: int, restarts: int = 0) -> None:
         token = secrets.token_urlsafe(32)
         await asyncio.to_thread(self._rotate_token, job_id, token)
-        through = await asyncio.to_thread(self.store.delivered_through, job_id, spec.world_size) if attempt else 0
+        delivered = self.store.metrics.delivered_through
+        through = await asyncio.to_thread(delivered, job_id, spec.world_size) if attempt else 0
         req = LaunchRequest(
             job_id=job_id,
             spec=spec,
@@ -220,17 +223,17 @@ class Controller:
         try:
             sid = await self._submit_with_retries(req)
         except _SubmitGaveUp as e:
-            await asyncio.to_thread(self.store.transition, job_id, JobState.FAILED, str(e))
+            await asyncio.to_thread(self.store.jobs.transition, job_id, JobState.FAILED, str(e))
             return
         if sid is None:
             return
-        job = await asyncio.to_thread(self.store.set_submission, job_id, sid)
+        job = await asyncio.to_thread(self.store.jobs.set_submission, job_id, sid)
         log.info("job %s: driver submitted as %s", job_id, sid)
         if job.cancel_requested or JobState(job.state).terminal:
             await asyncio.to_thread(self.launcher.stop, sid)
             return
         await asyncio.to_thread(
-            self.store.transition,
+            self.store.jobs.transition,
             job_id,
             JobState.PLACING,
             self.launcher.submitted.format(sid=sid),
@@ -247,13 +250,13 @@ class Controller:
         return await retrying(self._try_submit, req)
 
     async def _try_submit(self, req: LaunchRequest) -> str | None:
-        job = await asyncio.to_thread(self.store.get_job, req.job_id)
+        job = await asyncio.to_thread(self.store.jobs.get, req.job_id)
         if job.cancel_requested or JobState(job.state).terminal:
             return None
         try:
             return await asyncio.to_thread(self.launcher.submit, req)
         except Exception as e:  # Ray unreachable, rejected entrypoint, ...
-            n = await asyncio.to_thread(self.store.record_submit_failure, req.job_id)
+            n = await asyncio.to_thread(self.store.jobs.record_submit_failure, req.job_id)
             msg = f"could not submit the driver to Ray: {type(e).__name__}: {e}"
             log.warning("job %s: %s (try %d of %d)", req.job_id, msg, n, self.settings.submit_attempts)
             if n >= self.settings.submit_attempts:
@@ -261,12 +264,12 @@ class Controller:
             raise _SubmitRefused(msg) from e
 
     def _rotate_token(self, job_id: str, token: str) -> None:
-        self.store.set_ingest_token_hash(job_id, hash_token(token))
+        self.store.tokens.replace(job_id, hash_token(token))
 
     # ---- cancel ---------------------------------------------------------------------------------
     async def cancel(self, job_id: str, owner: str | None) -> None:
-        await asyncio.to_thread(self.store.get_job, job_id, owner)  # raises JobNotFound
-        job = await asyncio.to_thread(self.store.request_cancel, job_id)
+        await asyncio.to_thread(self.store.jobs.get, job_id, owner)  # raises JobNotFound
+        job = await asyncio.to_thread(self.store.jobs.request_cancel, job_id)
         if job.submission_id and not JobState(job.state).terminal:
             try:
                 await asyncio.to_thread(self.launcher.stop, job.submission_id)
@@ -276,7 +279,7 @@ class Controller:
     # ---- reconciliation -------------------------------------------------------------------------
     async def reconcile_once(self) -> None:
         now = time.time()
-        active = await asyncio.to_thread(self.store.active_jobs)
+        active = await asyncio.to_thread(self.store.jobs.active)
         alive = {j.id for j in active}
         for jid in list(self._ended_seen):
             if jid not in alive:
@@ -339,7 +342,9 @@ class Controller:
             return
         reason = f"{why}; waits to be admitted again, then resumes from the last checkpoint"
         try:
-            moved = await asyncio.to_thread(self.store.transition, job.id, JobState.RETRYING, reason, only_from=live)
+            moved = await asyncio.to_thread(
+                self.store.jobs.transition, job.id, JobState.RETRYING, reason, only_from=live
+            )
         except (JobNotFound, StoreError) as e:
             log.warning("job %s: could not record the preemption (%s)", job.id, e)
             return
@@ -350,7 +355,8 @@ class Controller:
         """A lost driver is a lost rank of a bigger kind: while restarts remain, RETRYING and a new driver (next
         attempt) that resumes from the job's last checkpoint; it reports the step it resumes from."""
         try:
-            ok = await asyncio.to_thread(self.store.retry_driver, job_id, submission_id, reason, counts=counts)
+            retry = self.store.jobs.retry_driver
+            ok = await asyncio.to_thread(retry, job_id, submission_id, reason, counts=counts)
         except (JobNotFound, StoreError) as e:
             log.warning("job %s: could not resubmit (%s)", job_id, e)
             return True  # try again on the next pass
@@ -362,7 +368,7 @@ class Controller:
 
     async def _end(self, job_id: str, to: JobState, reason: str) -> None:
         try:
-            done = await asyncio.to_thread(self.store.transition, job_id, to, reason)
+            done = await asyncio.to_thread(self.store.jobs.transition, job_id, to, reason)
         except (JobNotFound, StoreError) as e:
             log.warning("job %s: could not end (%s)", job_id, e)
             return

@@ -4,14 +4,15 @@
 What goes out per job: every metric point (per-rank metrics as `<name>/rank<r>`; NaN/inf as NaN), the spec
 flattened into params (`model.d_model`, `train.lr`, …), and at the end the final state and model path.
 
-Why it cannot hurt a job: the store's after-commit hook only marks the job dirty (a set insert, O(1),
-nothing else under the store's write lock). One thread per sink reads the job's new points *from the store*
-with a cursor on their `seq`, so the store is the buffer: a tracker that is down loses nothing, and the
-sink catches up when it is back. Each call is retried with tenacity; a sink still failing is retried with
-growing back-off, and the outage (and the recovery) is written once into the job's own log. Points
-superseded by a resume (a retry that continues from a checkpoint) cannot be deleted from MLflow, so the job
-is exported again from scratch into a fresh run (the old one is deleted; TensorBoard's directory is
-rewritten): the tracker always holds exactly what the store holds.
+Why it cannot hurt a job: its listener on the store's event bus only marks the job dirty (a set
+insert, O(1), nothing else under the store's write lock). One thread per sink reads the job's new
+points *from the store* with a cursor on their `seq`, so the store is the buffer: a tracker that is
+down loses nothing, and the sink catches up when it is back. Each call is retried with tenacity; a
+sink still failing is retried with growing back-off, and the outage (and the recovery) is written
+once into the job's own log. Points superseded by a resume (a retry that continues from a
+checkpoint) cannot be deleted from MLflow, so the job is exported again from scratch into a fresh
+run (the old one is deleted; TensorBoard's directory is rewritten): the tracker always holds
+exactly what the store holds.
 
 mlflow and tensorboard are imported only when configured (`pip install 'ringtrain[tracking]'`).
 """
@@ -286,7 +287,7 @@ class _SinkWorker:
         """Bring the job's export up to date with the store; False (and a log note once) if the sink failed."""
         reset = False
         try:
-            row = self.store.get_job(job_id)
+            row = self.store.jobs.get(job_id)
             terminal = JobState(row.state).terminal
             job = JobView(
                 row.id,
@@ -306,7 +307,7 @@ class _SinkWorker:
                 self._call(self.sink.begin, job)
                 self.cursor[job_id] = 0
             while True:
-                rows = self.store.metrics(job_id, after=self.cursor[job_id], limit=PAGE)
+                rows = self.store.metrics.points(job_id, after=self.cursor[job_id], limit=PAGE)
                 if not rows:
                     break
                 points = [
@@ -358,7 +359,8 @@ class _SinkWorker:
 
 
 class Exporter:
-    """Feeds each configured sink from the store after commit; `notify` is the store's on_events hook."""
+    """Feeds each configured sink from the store after commit; `notify` is its listener on the
+    store's event bus."""
 
     def __init__(
         self,
@@ -384,7 +386,7 @@ class Exporter:
         for w in self.workers:
             w.start()
         try:
-            active = self.store.active_jobs()
+            active = self.store.jobs.active()
         except Exception as e:
             log.warning("tracking export: cannot list active jobs at start (%s)", e)
             return
@@ -401,8 +403,9 @@ class Exporter:
 
 
 def exporter_for(settings: Settings, store: Store) -> Exporter | None:
-    """The exporter the settings ask for (None when neither tracker is configured), hooked to the store's
-    after-commit events next to whatever hook it already has."""
+    """The exporter the settings ask for (None when neither tracker is configured). It reads from
+    the store; the caller subscribes `Exporter.notify` to the store's event bus
+    (`api.app.create_app`)."""
     sinks: list[Sink] = []
     if settings.mlflow_tracking_uri:
         sinks.append(MlflowSink(settings.mlflow_tracking_uri, settings.mlflow_experiment))
@@ -410,19 +413,10 @@ def exporter_for(settings: Settings, store: Store) -> Exporter | None:
         sinks.append(TensorBoardSink(settings.tensorboard_dir))
     if not sinks:
         return None
-    exporter = Exporter(
+    return Exporter(
         store,
         sinks,
         model_path=lambda job_id: str(model_dir(settings.checkpoint_dir, job_id)),
-        note=lambda job_id, line: store.add_log(job_id, "tracking", line),
+        note=lambda job_id, line: store.metrics.add_log(job_id, "tracking", line),
         retry_max_s=settings.tracking_retry_max_s,
     )
-    previous = store.on_events
-
-    def on_events(job_id: str, events: list[Event]) -> None:
-        if previous is not None:
-            previous(job_id, events)
-        exporter.notify(job_id, events)
-
-    store.on_events = on_events
-    return exporter

@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 
 from api.app import create_app
+from service.db import upgrade
 from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest, NodeInfo
 from service.settings import Settings
 from tests.dist import free_port
@@ -84,11 +85,20 @@ def roomy_launcher() -> RecordingLauncher:
     return RecordingLauncher(nodes=[NodeInfo("node-big", "10.0.0.9", True, 100_000, 100_000, 0, 0)])
 
 
+def upgraded(settings: Settings) -> Settings:
+    """The settings' database brought to the newest schema: the step `ringtrain serve` runs before
+    the app (building the app only checks it). Every test that builds an app calls this first
+    (`Server` does)."""
+    upgrade(settings.database_url)
+    return settings
+
+
 class Server:
-    """A real uvicorn server running `create_app(settings, launcher)` in a thread."""
+    """A real uvicorn server in a thread, started as `ringtrain serve` starts one: the database
+    upgraded first, then `create_app(settings, launcher)`."""
 
     def __init__(self, settings: Settings, launcher: Any) -> None:
-        self.settings = settings
+        self.settings = upgraded(settings)
         self.launcher = launcher
         self.app = create_app(settings, launcher)
         cfg = uvicorn.Config(
@@ -177,8 +187,8 @@ class Driver:
             token = req.ingest_token
             # the launcher has the request; the controller records the submission id (then PLACING) right after,
             # and tests act on that id (cancel stops it, the reconciler polls it): wait until it is stored
-            store = srv.app.state.ctx.store
-            wait_for(lambda: (j := store.get_job(job_id)).submission_id or JobState(j.state).terminal)
+            jobs = srv.app.state.ctx.store.jobs
+            wait_for(lambda: (j := jobs.get(job_id)).submission_id or JobState(j.state).terminal)
         self.token = token
         self.seq = 0
         self.http = srv.client(self.token)

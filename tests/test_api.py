@@ -263,7 +263,7 @@ def test_cancel_during_submit_backoff_submits_nothing(tmp_path):
         c = srv.client()
         j = submit(c)
         store, controller = srv.app.state.ctx.store, srv.app.state.ctx.controller
-        wait_for(lambda: store.get_job(j["id"]).submit_failures == 1)
+        wait_for(lambda: store.jobs.get(j["id"]).submit_failures == 1)
         assert c.post(f"/v1/jobs/{j['id']}/cancel").json()["state"] == "CANCELLED"
         wait_for(lambda: j["id"] not in controller._submitting, timeout=15)  # the retry ran and gave up quietly
         assert launcher.submits == [] and job(c, j["id"])["state"] == "CANCELLED"
@@ -292,7 +292,7 @@ def test_series_snapshot(srv):
     assert loss["value"][2] is None and loss["value"][3:] == wave[3:]
     assert full["series"][1]["value"] == [1.0, 2.0] and full["series"][2]["value"] == [101.0, 102.0]
     assert [line["line"] for line in full["logs"]] == ["line 1", "line 2"]
-    stored = srv.app.state.ctx.store.events_after(j["id"], 0, 1000)
+    stored = srv.app.state.ctx.store.metrics.events_after(j["id"], 0, 1000)
     assert full["last_seq"] == stored[-1].seq and full["job"]["id"] == j["id"]
     small = c.get(f"/v1/jobs/{j['id']}/series", params={"max_points": 16, "logs": 0}).json()
     dec = small["series"][0]
@@ -417,13 +417,13 @@ def test_store_unavailable_is_503(tmp_path):
         c = srv.client()
         j = submit(c)
         store = srv.app.state.ctx.store
-        good = store.sessions
-        store.sessions = sessionmaker(create_engine(f"sqlite:///{tmp_path}/missing-dir/x.db"))
+        good = store.db.sessions
+        store.db.sessions = sessionmaker(create_engine(f"sqlite:///{tmp_path}/missing-dir/x.db"))
         try:
             for r in (c.get("/v1/jobs"), c.get(f"/v1/jobs/{j['id']}"), c.post("/v1/jobs", json=TINY_SPEC)):
                 assert r.status_code == 503, r.text
                 assert r.json()["error"]["code"] == "store_unavailable" and r.headers["retry-after"] == "5"
             assert srv.client(None).get("/readyz").status_code == 503
         finally:
-            store.sessions = good
+            store.db.sessions = good
         assert c.get("/v1/jobs").json()["total"] == 1

@@ -26,7 +26,7 @@ from api.app import create_app
 from api.routers import reports
 from api.telemetry import JsonFormatter
 from service import store as store_mod
-from tests.api_harness import ALICE, BOB, TINY_SPEC, Driver, RecordingLauncher, Server, make_settings
+from tests.api_harness import ALICE, BOB, TINY_SPEC, Driver, RecordingLauncher, Server, make_settings, upgraded
 
 OPEN = {("GET", "/healthz"), ("GET", "/readyz")}
 REPORT = ("POST", "/v1/jobs/{job_id}/report")
@@ -48,7 +48,7 @@ CREDS = [
 
 def _operations() -> list[tuple[str, str]]:
     with tempfile.TemporaryDirectory() as d:
-        schema = create_app(make_settings(Path(d)), RecordingLauncher()).openapi()
+        schema = create_app(upgraded(make_settings(Path(d))), RecordingLauncher()).openapi()
     return sorted((m.upper(), p) for p, ops in schema["paths"].items() for m in ops)
 
 
@@ -264,7 +264,7 @@ def test_comparisons_are_constant_time(env: dict[str, Any], monkeypatch: pytest.
     )
     srcs = {
         f: inspect.getsource(f)
-        for f in (deps.current_owner, deps.owner_of, reports._check_ingest, store_mod.Store.check_ingest_token)
+        for f in (deps.current_owner, deps.owner_of, reports._check_ingest, store_mod.Tokens.check)
     }
     lookups = [
         (f.__qualname__, pat)

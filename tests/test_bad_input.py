@@ -402,7 +402,7 @@ def outcome(srv: Server, r: Any) -> tuple:
     with srv.client() as c:
         listed = c.get("/v1/jobs").json()["total"]
         health = c.get("/healthz").status_code
-    stored = srv.app.state.ctx.store.list_jobs(None)[1]
+    stored = srv.app.state.ctx.store.jobs.page(None)[1]
     return r.status_code, err["code"], err["field"], err["message"], len(srv.launcher.submits), listed, stored, health
 
 
@@ -520,7 +520,7 @@ def test_report_route_bad_input(tmp_path: Path) -> None:
         job = c.post("/v1/jobs", json=TINY_SPEC).json()
         d = Driver(srv, job["id"])
         assert d.state("RUNNING", reason="placed").status_code == 200
-        before = [e.seq for e in srv.app.state.ctx.store.events_after(job["id"], 0, 10000)]
+        before = [e.seq for e in srv.app.state.ctx.store.metrics.events_after(job["id"], 0, 10000)]
         got, want = [], []
         for name, item, status, field in REPORT_CASES:
             text = item.replace("{seq}", str(d.seq + 1))
@@ -529,7 +529,7 @@ def test_report_route_bad_input(tmp_path: Path) -> None:
             err = r.json().get("error", {})
             got.append((name, r.status_code, err.get("field")))
             want.append((name, status, field))
-        after = [e.seq for e in srv.app.state.ctx.store.events_after(job["id"], 0, 10000)]
+        after = [e.seq for e in srv.app.state.ctx.store.metrics.events_after(job["id"], 0, 10000)]
         # the stream of the job still replays (a stored inf time used to break it), then a good batch applies
         with c.stream("GET", f"/v1/jobs/{job['id']}/events") as r:
             first = next(ln for ln in r.iter_lines() if ln.startswith("data:"))

@@ -80,7 +80,7 @@ def bulk_metrics(server: Any, job_id: str, name: str, points: list[tuple[int, fl
     from service.models import Job, MetricPointRow
 
     store = server.app.state.ctx.store
-    with store.engine.begin() as c:
+    with store.db.engine.begin() as c:
         seq0 = c.execute(select(Job.next_event_seq).where(Job.id == job_id)).scalar_one()
         c.execute(
             insert(MetricPointRow),

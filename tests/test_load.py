@@ -114,7 +114,7 @@ def test_submits_while_streaming(tmp_path: Path) -> None:
         report_codes.append(d.state("SUCCEEDED", reason="load test done").status_code)
         for t in subs:
             t.join(timeout=120)
-        stored = [e.seq for e in srv.app.state.ctx.store.events_after(followed, 0, 1_000_000)]
+        stored = [e.seq for e in srv.app.state.ctx.store.metrics.events_after(followed, 0, 1_000_000)]
         listed = c.get("/v1/jobs", params={"limit": 1}).json()["total"]
         # Every accepted job reaches the launcher once: wait for all of them (the scheduler's pace), then let the
         # scheduler run ~20 more passes so a second hand-over of any job would show.

@@ -382,7 +382,7 @@ def test_a_submission_that_ends_while_the_scheduler_reads_the_store_is_handed_ov
     submissions end while reads are in flight on every pass."""
     with running(tmp_path, roomy_launcher()) as srv:
         store, launcher = srv.app.state.ctx.store, srv.launcher
-        read, submit = store.active_jobs, launcher.submit
+        read, submit = store.jobs.active, launcher.submit
 
         def slow_read() -> Any:
             jobs = read()
@@ -393,7 +393,7 @@ def test_a_submission_that_ends_while_the_scheduler_reads_the_store_is_handed_ov
             time.sleep(0.1)
             return submit(req)
 
-        store.active_jobs, launcher.submit = slow_read, slow_submit
+        store.jobs.active, launcher.submit = slow_read, slow_submit
         ids = [srv.client().post("/v1/jobs", json={**TINY_SPEC, "name": f"race-{i}"}).json()["id"] for i in range(4)]
         wait_for(lambda: len(launcher.submits) >= len(ids), timeout=30)
         time.sleep(1.5)  # several more passes: a second hand-over would show

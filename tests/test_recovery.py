@@ -96,10 +96,12 @@ def _item(seq: int, step: int, name: str, rank: int | None = None, replay: bool 
 
 
 def test_store_skips_replays_it_holds_and_keeps_the_rest(store: Store) -> None:
-    job = store.create_job("alice", JobSpec.model_validate(TINY_SPEC), "tok")
-    store.apply_report(job.id, [_item(1, 1, "loss"), _item(2, 1, "mem_peak_bytes", rank=0), _item(3, 2, "loss")])
+    job = store.jobs.create("alice", JobSpec.model_validate(TINY_SPEC), "tok")
+    store.metrics.apply_report(
+        job.id, [_item(1, 1, "loss"), _item(2, 1, "mem_peak_bytes", rank=0), _item(3, 2, "loss")]
+    )
     # a retry replays steps 1..3: keys already held are acknowledged and skipped, new ones stored, in one batch
-    res = store.apply_report(
+    res = store.metrics.apply_report(
         job.id,
         [
             _item(4, 1, "loss", replay=True),
@@ -113,16 +115,16 @@ def test_store_skips_replays_it_holds_and_keeps_the_rest(store: Store) -> None:
         ],
     )
     assert res.acked_seq == 11
-    keys = [(p.step, p.name, p.rank) for p in store.metrics(job.id)]
+    keys = [(p.step, p.name, p.rank) for p in store.metrics.points(job.id)]
     assert keys == [(1, "loss", None), (1, "mem_peak_bytes", 0), (2, "loss", None), (2, "mem_peak_bytes", 0),
                     (3, "loss", None), (3, "loss", None)]  # fmt: skip
 
 
 def test_delivered_through_is_a_lower_bound(store: Store) -> None:
-    job = store.create_job("a", JobSpec.model_validate({**TINY_SPEC, "parallel": {"ring_size": 2}}), "tok")
-    assert store.delivered_through(job.id, 2) == 0
+    job = store.jobs.create("a", JobSpec.model_validate({**TINY_SPEC, "parallel": {"ring_size": 2}}), "tok")
+    assert store.metrics.delivered_through(job.id, 2) == 0
     items = [_item(i + 1, s, n, r) for i, (s, n, r) in enumerate(
         [(1, "loss", None), (1, "m", 0), (1, "m", 1), (2, "loss", None), (2, "m", 0), (2, "m", 1), (3, "loss", None)]
     )]  # fmt: skip
-    store.apply_report(job.id, items)
-    assert store.delivered_through(job.id, 2) == 1  # rank 0/1 newest is 2, which may be partial: 1 is certain
+    store.metrics.apply_report(job.id, items)
+    assert store.metrics.delivered_through(job.id, 2) == 1  # rank 0/1 newest is 2, which may be partial: 1 is certain

@@ -17,7 +17,16 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.app import create_app
-from tests.api_harness import ALICE, TINY_SPEC, Driver, RecordingLauncher, make_settings, roomy_launcher, running
+from tests.api_harness import (
+    ALICE,
+    TINY_SPEC,
+    Driver,
+    RecordingLauncher,
+    make_settings,
+    roomy_launcher,
+    running,
+    upgraded,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +48,7 @@ def api_server(tmp_path_factory: pytest.TempPathFactory):
 def _schema_dict() -> dict:
     # the schema is static: build it once from an app on a throwaway store (no server needed at import)
     with tempfile.TemporaryDirectory() as d:
-        app = create_app(make_settings(Path(d)), RecordingLauncher())
+        app = create_app(upgraded(make_settings(Path(d))), RecordingLauncher())
         return app.openapi()
 
 

@@ -218,7 +218,7 @@ def test_ingest_tokens_are_stored_hashed_and_rotate_per_driver_attempt(tmp_path:
         store = srv.app.state.ctx.store
 
         def stored() -> dict[str, Any]:
-            with store.engine.connect() as conn:
+            with store.db.engine.connect() as conn:
                 return dict(conn.execute(select(Job.__table__).where(Job.id == job["id"])).mappings().one())
 
         row = stored()

@@ -19,7 +19,7 @@ def srv(tmp_path: Path):
 
 
 def stored_ids(srv, job_id: str) -> list[int]:
-    return [e.seq for e in srv.app.state.ctx.store.events_after(job_id, 0, 100000)]
+    return [e.seq for e in srv.app.state.ctx.store.metrics.events_after(job_id, 0, 100000)]
 
 
 def collect(client: Client, job_id: str, out: list[JobEvent], after: int | None = None) -> threading.Thread:

@@ -262,6 +262,8 @@ def test_service_runs_without_the_trackers_installed() -> None:
         "from api.app import create_app\n"
         "from service.settings import Settings\n"
         "d = pathlib.Path(tempfile.mkdtemp())\n"
+        "from service.db import upgrade\n"
+        "upgrade(f'sqlite:///{d}/x.db')\n"
         "create_app(Settings(database_url=f'sqlite:///{d}/x.db', api_tokens={'t0123456789': 'a'}))\n"
         "bad = [m for m in ('mlflow', 'tensorboard') if m in sys.modules]\n"
         "assert not bad, bad\n"

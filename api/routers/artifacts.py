@@ -62,7 +62,7 @@ def _no_model(job_id: str, state: str, why: str, field: str = "id") -> ApiError:
 @router.get("/{job_id}/artifacts", response_model=ArtifactList, responses=ERRORS)
 async def list_job_artifacts(job_id: JobId, ctx: Ctx, owner: Owner) -> ArtifactList:
     """The exported model's files with size and SHA-256, and a signed download link for each."""
-    job = await asyncio.to_thread(ctx.store.get_job, job_id, owner)
+    job = await asyncio.to_thread(ctx.store.jobs.get, job_id, owner)
     path = model_dir(ctx.settings.checkpoint_dir, job_id)
     try:
         files = await asyncio.to_thread(list_artifacts, path)
@@ -117,9 +117,9 @@ async def download_artifact(
 ) -> FileResponse:
     """One file of the exported model, streamed (HTTP Range supported). Owner's token or a signed link."""
     if owner is None:  # a signed link names its job and file itself
-        job = await asyncio.to_thread(ctx.store.get_job, job_id)
+        job = await asyncio.to_thread(ctx.store.jobs.get, job_id)
     else:
-        job = await asyncio.to_thread(ctx.store.get_job, job_id, owner)
+        job = await asyncio.to_thread(ctx.store.jobs.get, job_id, owner)
     try:
         file = await asyncio.to_thread(resolve_artifact, model_dir(ctx.settings.checkpoint_dir, job_id), path)
     except ArtifactNotFound as e:

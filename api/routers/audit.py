@@ -60,7 +60,7 @@ async def audit(
     if owner is not None and owner != me and not reader:
         raise ApiError(403, "only RINGTRAIN_AUDIT_READERS may read other owners' audit rows", field="owner")
     scope = owner if owner is not None else (None if reader else me)
-    rows = await asyncio.to_thread(ctx.store.audit_events, scope, job_id, before, limit + 1)
+    rows = await asyncio.to_thread(ctx.store.audit.events, scope, job_id, before, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return AuditPage(events=[AuditOut.model_validate(r) for r in rows], next_before=rows[-1].id if more else None)

@@ -71,10 +71,10 @@ def decimate(steps: Any, values: Any, max_points: int) -> tuple[list[int], list[
 
 def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: int) -> SeriesSnapshot:
     store = ctx.store
-    job = store.get_job(job_id, owner)
+    job = store.jobs.get(job_id, owner)
     last = job.next_event_seq - 1
     series: list[SeriesOut] = []
-    for sr in store.metric_series(job_id, through=last):
+    for sr in store.metrics.series(job_id, through=last):
         steps = np.asarray(sr.steps, dtype=np.int64)
         values = np.array(sr.values, dtype=np.float64)  # None → NaN
         values[~np.isfinite(values)] = np.nan
@@ -84,8 +84,9 @@ def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: 
         s, v = decimate(steps, values, max_points)
         count = len(sr.steps)
         series.append(SeriesOut(name=sr.name, rank=sr.rank, count=count, downsampled=len(s) < count, step=s, value=v))
-    transitions = [t for t in store.transitions(job_id) if t.seq <= last]
-    logs = [LogOut.model_validate(r) for r in store.log_tail(job_id, through=last, n=n_logs)]
+    transitions = [t for t in store.jobs.transitions(job_id) if t.seq <= last]
+    tail = store.metrics.log_tail(job_id, through=last, n=n_logs)
+    logs = [LogOut.model_validate(r) for r in tail]
     return SeriesSnapshot(
         job=JobOut.of(job, transitions), last_seq=last, max_points=max_points, series=series, logs=logs
     )

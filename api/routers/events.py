@@ -67,11 +67,11 @@ async def stream(ctx: AppContext, job_id: str, after: int) -> AsyncIterator[Serv
     first = True
     try:
         while True:
-            job = await asyncio.to_thread(store.get_job, job_id)
+            job = await asyncio.to_thread(store.jobs.get, job_id)
             terminal = is_terminal(job.state)
             sub.lagged = False
             while True:  # catch up from the store
-                evs = await asyncio.to_thread(store.events_after, job_id, last, REPLAY_PAGE)
+                evs = await asyncio.to_thread(store.metrics.events_after, job_id, last, REPLAY_PAGE)
                 for e in evs:
                     yield _sse(e, first)
                     first = False
@@ -120,7 +120,7 @@ async def job_events(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> EventSourceResponse:
     """State changes, metric points and log lines: replayed from the store, then live."""
-    await asyncio.to_thread(ctx.store.get_job, job_id, owner)  # 404 before the stream starts
+    await asyncio.to_thread(ctx.store.jobs.get, job_id, owner)  # 404 before the stream starts
     start = after or 0
     if last_event_id and last_event_id.strip().isdigit():
         start = max(start, min(int(last_event_id.strip()), 2**62))

@@ -29,7 +29,7 @@ async def readyz(ctx: Ctx) -> JSONResponse:
     it out of its Service), and jobs wait QUEUED for Ray meanwhile."""
     checks: dict[str, str] = {}
     try:
-        await asyncio.wait_for(asyncio.to_thread(ctx.store.ping), timeout=5)
+        await asyncio.wait_for(asyncio.to_thread(ctx.store.db.ping), timeout=5)
         checks["store"] = "ok"
     except Exception as e:
         checks["store"] = f"{type(e).__name__}: {str(e)[:200]}"

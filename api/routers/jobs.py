@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from workers.config import JobSpec
 from workers.protocol import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+log = logging.getLogger("ringtrain.api")
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="job id")]
 Seq = Annotated[int, Query(ge=0, le=2**62, description="only entries with seq greater than this")]
@@ -34,9 +36,12 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo |
     """Reject a job the whole cluster can never hold (a cluster we cannot read is not checked here); returns the
     cluster as read (None when it could not be)."""
     try:
-        cluster = admission.with_autoscaler(await ctx.cluster(), ctx.settings.autoscaler_nodes)
-    except Exception:
+        seen = await ctx.cluster()
+    except Exception as e:  # what a launcher raises: Ray down, no cluster configured, a timeout
+        why = f"{type(e).__name__}: {str(e)[:300]}"
+        log.warning("a new job is not checked against the cluster: cannot read it (%s)", why)
         return None
+    cluster = admission.with_autoscaler(seen, ctx.settings.autoscaler_nodes)
     if not any(n.alive for n in cluster.nodes):
         return cluster
     p = plan(spec, cluster)
@@ -72,10 +77,10 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
     if cluster is not None and any(n.alive for n in cluster.nodes):  # else resolved at admission
         spec = capacity.resolve_accelerator(spec, cluster)  # stored: a resubmitted driver never re-decides `auto`
     # the ingest token the driver uses is (re)generated when the job is handed to the launcher
-    job = await asyncio.to_thread(ctx.store.create_job, owner, spec, secrets.token_urlsafe(32))
+    job = await asyncio.to_thread(ctx.store.jobs.create, owner, spec, secrets.token_urlsafe(32))
     ctx.controller.wake()
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    transitions = await asyncio.to_thread(ctx.store.transitions, job.id)
+    transitions = await asyncio.to_thread(ctx.store.jobs.transitions, job.id)
     return JobOut.of(job, transitions)
 
 
@@ -88,25 +93,25 @@ def list_jobs(
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
 ) -> JobList:
     """Your jobs, newest first."""
-    jobs, total = ctx.store.list_jobs(owner, [s.value for s in state or []], limit, offset)
+    jobs, total = ctx.store.jobs.page(owner, [s.value for s in state or []], limit, offset)
     return JobList(jobs=[JobOut.of(j) for j in jobs], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=ERRORS)
 def get_job(job_id: JobId, ctx: Ctx, owner: Owner) -> JobOut:
     """State, spec, placement, progress, latest metrics, error and the full transition history."""
-    job = ctx.store.get_job(job_id, owner)
-    return JobOut.of(job, ctx.store.transitions(job_id))
+    job = ctx.store.jobs.get(job_id, owner)
+    return JobOut.of(job, ctx.store.jobs.transitions(job_id))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut, responses=ERRORS)
 async def cancel_job(request: Request, job_id: JobId, ctx: Ctx, owner: Owner) -> JobOut:
     """Ask the job to stop. Idempotent: cancelling a finished job changes nothing."""
     await ctx.controller.cancel(job_id, owner)
-    job = await asyncio.to_thread(ctx.store.get_job, job_id, owner)
+    job = await asyncio.to_thread(ctx.store.jobs.get, job_id, owner)
     if JobState(job.state).terminal and not job.cancel_requested:
         request.state.audit_outcome = "already_ended"  # the audit row says the cancel changed nothing
-    return JobOut.of(job, await asyncio.to_thread(ctx.store.transitions, job_id))
+    return JobOut.of(job, await asyncio.to_thread(ctx.store.jobs.transitions, job_id))
 
 
 @router.get("/{job_id}/metrics", response_model=MetricPage, responses=ERRORS)
@@ -119,9 +124,9 @@ def job_metrics(
     name: Annotated[list[str] | None, Query(max_length=50, description="only these metric names")] = None,
 ) -> MetricPage:
     """Metric points in seq order. Page with `after=<next_after>` while `has_more`."""
-    ctx.store.get_job(job_id, owner)
+    ctx.store.jobs.get(job_id, owner)
     names = [n[:200] for n in name] if name else None
-    rows = ctx.store.metrics(job_id, after, limit + 1, names)
+    rows = ctx.store.metrics.points(job_id, after, limit + 1, names)
     more = len(rows) > limit
     rows = rows[:limit]
     return MetricPage(
@@ -143,8 +148,8 @@ async def job_logs(
     tail_bytes: Annotated[int, Query(ge=0, le=1 << 22)] = 65536,
 ) -> LogPage:
     """Log lines the driver reported (driver and ranks), plus the tail of Ray's own driver log."""
-    job = await asyncio.to_thread(ctx.store.get_job, job_id, owner)
-    rows = await asyncio.to_thread(ctx.store.logs, job_id, after, limit + 1)
+    job = await asyncio.to_thread(ctx.store.jobs.get, job_id, owner)
+    rows = await asyncio.to_thread(ctx.store.metrics.logs, job_id, after, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     driver_log = None

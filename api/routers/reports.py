@@ -29,7 +29,7 @@ from workers.protocol import ReportAck, ReportBatch
 def _check_ingest(
     ctx: AppContext, job_id: str, creds: HTTPAuthorizationCredentials | None, address: str = "unknown"
 ) -> None:
-    if creds is None or not ctx.store.check_ingest_token(job_id, creds.credentials):
+    if creds is None or not ctx.store.tokens.check(job_id, creds.credentials):
         throttle(ctx, "unauth", address)
         raise ApiError(
             401, "this route takes the job's ingest token (drivers only)", headers={"WWW-Authenticate": "Bearer"}
@@ -84,7 +84,7 @@ def ingest_auth(
 def report(job_id: Annotated[str, Depends(ingest_auth)], batch: ReportBatch, ctx: Ctx) -> ReportAck:
     t = ctx.telemetry
     try:
-        res = ctx.store.apply_report(job_id, batch.items)
+        res = ctx.store.metrics.apply_report(job_id, batch.items)
     except JobEnded as e:
         t.reports.labels("ended").inc()
         raise ApiError(

@@ -236,7 +236,7 @@ class JobDriver:
                 ray.get(r, timeout=0.1)
             except lost_errors():
                 return True
-            except Exception:
+            except ray.exceptions.RayError:  # busy (a timeout) or its ping raised: alive
                 continue
         return False
 
@@ -250,8 +250,8 @@ class JobDriver:
                 if self._train_refs:
                     ray.wait(self._train_refs, num_returns=len(self._train_refs), timeout=self.timing.stop_grace_s)
                 self.forwarder.drain(g)
-            except Exception:
-                pass
+            except Exception as e:  # the ranks are released below whatever happened here
+                log.warning("stopping the ranks gracefully failed (%s); releasing them", short(e))
         self._teardown()
 
     def _teardown(self) -> None:
@@ -288,7 +288,7 @@ class _ReportLogHandler(logging.Handler):
                 line += f" [log forwarding limit of {MAX_LOG_LINES} lines reached]"
             self.reporter.log(line)
         except Exception:
-            pass
+            self.handleError(record)  # logging's own report of a failing handler, on stderr
 
 
 def main(argv: list[str] | None = None) -> int:
