@@ -257,10 +257,10 @@ class MetricCatalogView:
                 continue
             for name, _ in sorted(members, key=lambda nv: [_natural(v) for v in nv[1]]):
                 m = latest[name]
-                lines.append(f"  {name:<18} {self.text(name, m.value):<16} (step {m.step})")
+                lines.append(f"  {name:<18} {self.text(name, m.value):<18} (step {m.step})")
         for name in sorted(unknown):
             point = latest[name]
-            lines.append(f"  {name:<18} {self.text(name, point.value):<16} (step {point.step})")
+            lines.append(f"  {name:<18} {self.text(name, point.value):<18} (step {point.step})")
         return lines
 
     @staticmethod
