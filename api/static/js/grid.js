@@ -19,8 +19,8 @@ export function renderGrid(metric, cells) {
   const R = [...rows].sort(naturalCompare);
   const C = [...cols].sort(naturalCompare);
   const heat = metric.unit === "fraction";
-  return h("table.heat", { id: `${metric.key}-grid`, dataset: { metric: metric.name } },
-    h("caption.muted", {}, metric.title),
+  const table = h("table.heat", { id: `${metric.key}-grid`, dataset: { metric: metric.name },
+    "aria-label": metric.title },
     h("thead", {}, h("tr", {}, h("th", { scope: "col" }, `${rowField} \\ ${colField}`),
       C.map((c) => h("th", { scope: "col" }, c)))),
     h("tbody", {}, R.map((r) => h("tr", {},
@@ -32,4 +32,5 @@ export function renderGrid(metric, cells) {
         return h("td", { style: heat ? { background: `hsl(${hue} 65% var(--heat-l))` } : null,
           title: `${rowField} ${r}, ${colField} ${c}: ${v}` }, metric.fmt(v));
       })))));
+  return h("figure.grid", {}, h("figcaption.muted", {}, metric.title), table);
 }

@@ -134,7 +134,7 @@ export function mountJob(root, jobId) {
     }
     const entries = [...byMetric].sort((a, b) => a[0].order - b[0].order);
     statsBox.hidden = !entries.length;
-    statsBox.replaceChildren(...entries.map(([m, list]) => [
+    statsBox.replaceChildren(...entries.flatMap(([m, list]) => [
       h("dt", { title: m.description }, m.title),
       h("dd", { dataset: { metric: m.key } },
         list.sort((a, b) => naturalCompare(a.label, b.label)).map((st) => h("span.stat",
