@@ -200,7 +200,9 @@ class MetricCatalogView:
 
     def __init__(self, catalog: MetricCatalog) -> None:
         self.metrics = catalog.metrics
-        self._tests = [(m, re.compile(m.regex)) for m in catalog.metrics]
+        # a name's entry is its exact one, else the first family that matches (as on the server)
+        ordered = sorted(catalog.metrics, key=lambda m: bool(m.fields))
+        self._tests = [(m, re.compile(m.regex)) for m in ordered]
 
     @classmethod
     def fetch(cls, c: Client) -> MetricCatalogView:

@@ -34,7 +34,7 @@ export function mountJob(root, jobId) {
   const slots = new Map(); // chart key or "group:<id>" -> where its chart goes, in catalog order
   const groupHeads = new Map(); // group id -> its heading, shown once the group has a chart
   const grids = new Map(); // grid entry key -> {metric, cells: Map name -> {fields, value}}
-  const stats = new Map(); // name -> {metric, rank, step, value} of "stat" entries
+  const stats = new Map(); // "name|rank" -> {metric, label, step, value} of "stat" entries
   let otherCharts = 0;
   const timers = new Set();
 
@@ -44,6 +44,7 @@ export function mountJob(root, jobId) {
   const ringBox = h("div#ring");
   const gridsBox = h("div#grids");
   const statsBox = h("dl#metric-stats.stats", { hidden: true });
+  const noMetrics = h("p.muted#metrics-empty", {}, "No metric points yet.");
   const timeline = h("ol.timeline#timeline");
   const logBox = h("pre.logs#logs", { tabindex: 0, "aria-label": "log tail" });
   const live = h("span.live", { "aria-live": "polite" }, "connecting…");
@@ -54,7 +55,7 @@ export function mountJob(root, jobId) {
     h("section.panel", { "aria-labelledby": "metrics-h" },
       h("div.toolbar", {}, h("h2#metrics-h", {}, "Metrics"), live,
         h("span.muted", {}, "Drag across a chart to zoom, double-click to reset; hover for values.")),
-      statsBox, chartsGrid),
+      noMetrics, statsBox, chartsGrid),
     h("div.two", {},
       h("section.panel", { "aria-labelledby": "ring-h" }, h("h2#ring-h", {}, "Ring"), ringBox),
       h("div", {},
@@ -134,6 +135,7 @@ export function mountJob(root, jobId) {
     }
     const entries = [...byMetric].sort((a, b) => a[0].order - b[0].order);
     statsBox.hidden = !entries.length;
+    if (entries.length) noMetrics.hidden = true;
     statsBox.replaceChildren(...entries.flatMap(([m, list]) => [
       h("dt", { title: m.description }, m.title),
       h("dd", { dataset: { metric: m.key } },
@@ -175,6 +177,7 @@ export function mountJob(root, jobId) {
         : { id: name, title: name, fmt: (v) => fmtNum(v) });
       charts.set(key, chart);
       groupHeads.get(group)?.removeAttribute("hidden");
+      noMetrics.hidden = true;
     }
     return { chart, label: hit?.label || null };
   }
