@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import signal
 import sys
 import threading
@@ -24,7 +25,8 @@ import httpx
 from pydantic import TypeAdapter
 
 from api.client import ApiError, Client, resolve_url
-from api.schemas import JobOut
+from api.routers.metrics import MetricCatalog, MetricInfo
+from api.schemas import JobOut, LatestMetric
 
 if TYPE_CHECKING:  # rich and the server side load only for the commands that use them
     from rich.console import Console
@@ -177,12 +179,154 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return _run_server(settings, on_ready=ready)
 
 
+# ---- metrics, as the catalog says to show them ---------------------------------------------
+SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+BINARY = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+SELF_UNIT = ("si", "bytes", "seconds", "percent")  # formats whose text already carries the unit
+
+
+def format_value(info: MetricInfo | None, value: float | None) -> str:
+    """One value as the catalog's format says (the dashboard's `metrics.js` writes the same)."""
+    if value is None or value != value:  # None or NaN (the store keeps non-finite values as null)
+        return "nan"
+    fmt, digits = (info.format, info.digits) if info is not None else ("num", 4)
+    if fmt == "fixed":
+        return f"{value:.{digits}f}"
+    if fmt == "exp":
+        return f"{value:.{digits}e}"
+    if fmt == "percent":
+        return f"{value * 100:.1f}".removesuffix(".0") + "%"
+    if fmt == "seconds":
+        return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
+    if fmt in ("si", "bytes"):
+        steps = SI if fmt == "si" else BINARY
+        for size, suffix in steps:
+            if abs(value) >= size:
+                text = f"{value / size:.2f}".rstrip("0").rstrip(".")
+                return f"{text}{suffix}" if fmt == "si" else f"{text} {suffix}"
+        return f"{value:.3g}" if fmt == "si" else f"{value:.0f} B"
+    return f"{value:.{digits}g}"
+
+
+class MetricCatalogView:
+    """The server's metric catalog, for printing: which entry a name belongs to, and its text."""
+
+    def __init__(self, catalog: MetricCatalog) -> None:
+        self.metrics = catalog.metrics
+        # a name's entry is its exact one, else the first family that matches (as on the server)
+        ordered = sorted(catalog.metrics, key=lambda m: bool(m.fields))
+        self._tests = [(m, re.compile(m.regex)) for m in ordered]
+
+    @classmethod
+    def fetch(cls, c: Client) -> MetricCatalogView:
+        """The server's catalog; this package's own where the server predates the route (404)."""
+        try:
+            return cls(c.metric_catalog())
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            from workers.metrics import catalog_json
+
+            return cls(MetricCatalog.model_validate(catalog_json()))
+
+    def lookup(self, name: str) -> tuple[MetricInfo | None, list[str]]:
+        """(entry, field values) of a metric name; (None, []) for a name the catalog lacks."""
+        for info, test in self._tests:
+            m = test.match(name)
+            if m is not None:
+                return info, list(m.groups())
+        return None, []
+
+    def text(self, name: str, value: float | None) -> str:
+        """`value` with its unit where the format does not already write one."""
+        info, _ = self.lookup(name)
+        out = format_value(info, value)
+        if info is not None and info.unit not in ("", "fraction") and info.format not in SELF_UNIT:
+            out += f" {info.unit}"
+        return out
+
+    def marked(self, flag: str) -> list[MetricInfo]:
+        """The entries with `column` or `progress` set, in catalog order."""
+        return [m for m in self.metrics if getattr(m, flag)]
+
+    def summary(self, latest: dict[str, LatestMetric], flag: str) -> str:
+        """`loss 2.1000  tokens_per_s 1.23k`: the latest value of each entry marked `flag`."""
+        shown = [m.name for m in self.marked(flag) if m.name in latest]
+        return "  ".join(f"{name} {self.text(name, latest[name].value)}" for name in shown)
+
+    def status_lines(self, latest: dict[str, LatestMetric]) -> list[str]:
+        """A job's latest metrics in catalog order: one line per name, a table per grid family."""
+        by_entry: dict[int, list[tuple[str, list[str]]]] = {}
+        unknown: list[str] = []
+        for name in latest:
+            info, values = self.lookup(name)
+            if info is None:
+                unknown.append(name)
+            else:
+                by_entry.setdefault(self.metrics.index(info), []).append((name, values))
+        lines: list[str] = []
+        for i, members in sorted(by_entry.items()):
+            info = self.metrics[i]
+            if info.view == "grid":
+                lines += self._grid(info, members, latest)
+                continue
+            for name, _ in sorted(members, key=lambda nv: [_natural(v) for v in nv[1]]):
+                m = latest[name]
+                lines.append(f"  {name:<18} {self.text(name, m.value):<18} (step {m.step})")
+        for name in sorted(unknown):
+            point = latest[name]
+            lines.append(f"  {name:<18} {self.text(name, point.value):<18} (step {point.step})")
+        return lines
+
+    @staticmethod
+    def _grid(
+        info: MetricInfo,
+        members: list[tuple[str, list[str]]],
+        latest: dict[str, LatestMetric],
+    ) -> list[str]:
+        """A grid family's latest values as a table, rows and columns as the catalog names them."""
+        if info.grid is None:
+            return []
+        row_at, col_at = info.fields.index(info.grid.rows), info.fields.index(info.grid.columns)
+        cells = {(v[row_at], v[col_at]): latest[name] for name, v in members}
+        rows = sorted({r for r, _ in cells}, key=_natural)
+        cols = sorted({c for _, c in cells}, key=_natural)
+        width = max(7, *(len(c) for c in cols))
+        step = max(m.step for m in cells.values())
+        corner = f"{info.grid.rows} \\ {info.grid.columns}"
+        out = [f"  {info.title} (step {step})"]
+        out.append(f"    {corner:>12} " + " ".join(f"{c:>{width}}" for c in cols))
+        for r in rows:
+            vals = [format_value(info, cells[r, c].value) if (r, c) in cells else "-" for c in cols]
+            out.append(f"    {r:>12} " + " ".join(f"{v:>{width}}" for v in vals))
+        return out
+
+
+def _natural(text: str) -> tuple[int, float, str]:
+    """Numbers by value, before any other text (so len=1024 comes after len=256)."""
+    try:
+        return (0, float(text), "")
+    except ValueError:
+        return (1, 0.0, text)
+
+
 # ---- job commands ---------------------------------------------------------------------------------
-def _fmt_job_line(j: JobOut) -> str:
-    loss = j.latest_metrics.get("loss")
-    loss_s = f"{loss.value:.4f}" if loss and loss.value is not None else "-"
+def _list_header(view: MetricCatalogView) -> str:
+    cols = "".join(f" {m.name.upper():>{_col_width(m)}}" for m in view.marked("column"))
+    return f"{'ID':<14} {'STATE':<12} {'STEP':>13}{cols}  NAME"
+
+
+def _col_width(m: MetricInfo) -> int:
+    return max(9, len(m.name))
+
+
+def _fmt_job_line(j: JobOut, view: MetricCatalogView) -> str:
+    cols = ""
+    for m in view.marked("column"):
+        latest = j.latest_metrics.get(m.name)
+        cols += f" {format_value(m, latest.value) if latest else '-':>{_col_width(m)}}"
     state = f"{j.state.value} #{j.queue_position}" if j.queue_position is not None else j.state.value
-    line = f"{j.id:<14} {state:<12} {j.step:>6}/{j.total_steps:<6} {loss_s:>9}  {j.name}"
+    line = f"{j.id:<14} {state:<12} {j.step:>6}/{j.total_steps:<6}{cols}  {j.name}"
     return line + (f"\n{'':<14} waits: {j.queue_reason}" if j.queue_reason else "")
 
 
@@ -201,38 +345,42 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def follow(c: Client, job_id: str, json_lines: bool = False) -> int:
-    """Show a live progress bar with loss and tokens/s until the job ends; 0 iff it SUCCEEDED."""
+    """Show a live progress bar with the catalog's progress metrics (loss, tokens/s) until the job
+    ends; 0 iff it SUCCEEDED."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     job = c.get_job(job_id)
-    stats: dict[str, Any] = {"loss": None, "tps": None, "state": job.state.value}
+    view = MetricCatalogView.fetch(c)
+    shown = {m.name: m for m in view.marked("progress")}
+    values: dict[str, str] = {name: "-" for name in shown}
     final_state = job.state.value
     con = _console()
     with Progress(
         TextColumn("[bold]{task.fields[state]:<9}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s"),
+        TextColumn("{task.fields[metrics]}"),
         TimeElapsedColumn(),
         console=con,
         disable=json_lines,
         transient=False,
     ) as bar:
-        task = bar.add_task("train", total=job.total_steps, state=job.state.value, loss="-", tps="-")
+
+        def line() -> str:
+            return "  ".join(f"{name} {text}" for name, text in values.items())
+
+        task = bar.add_task("train", total=job.total_steps, state=job.state.value, metrics=line())
         for ev in c.events(job_id):
             if json_lines:
                 print(json.dumps({"event": ev.event, "id": ev.id, "data": ev.data}), flush=True)
             if ev.event == "metric" and ev.data.get("rank") is None:
-                name, v = ev.data["name"], ev.data["value"]
-                if name == "loss":
-                    stats["loss"] = v
-                    bar.update(
-                        task, completed=min(ev.data["step"], job.total_steps), loss="-" if v is None else f"{v:.4f}"
-                    )
-                elif name == "tokens_per_s" and v is not None:
-                    bar.update(task, tps=f"{v:,.0f}")
+                name = ev.data["name"]
+                # a global point at step k: k steps are done
+                bar.update(task, completed=min(ev.data["step"], job.total_steps))
+                if name in shown:
+                    values[name] = view.text(name, ev.data["value"])
+                    bar.update(task, metrics=line())
             elif ev.event == "state":
-                stats["state"] = ev.data["to"]
                 bar.update(task, state=ev.data["to"])
                 if ev.data["to"] == "RETRYING":
                     bar.console.print(f"[yellow]retrying: {ev.data.get('reason', '')}[/yellow]")
@@ -242,11 +390,11 @@ def follow(c: Client, job_id: str, json_lines: bool = False) -> int:
                 final_state = ev.data["state"]
     job = c.get_job(job_id)
     if not json_lines:
-        loss = job.latest_metrics.get("loss")
         color = "green" if final_state == "SUCCEEDED" else "red"
+        final = view.summary(job.latest_metrics, "progress").replace("  ", ", ")
         con.print(
             f"[{color}]job {job_id} {final_state}[/{color}] at step {job.step}/{job.total_steps}"
-            + (f", final loss {loss.value:.4f}" if loss and loss.value is not None else "")
+            + (f", final {final}" if final else "")
         )
         if job.error:
             con.print(f"[red]error:[/red] {job.error}")
@@ -262,9 +410,10 @@ def cmd_list(args: argparse.Namespace) -> int:
             if not page.jobs:
                 print("no jobs (submit one: ringtrain submit examples/passkey.yaml)")
                 return
-            print(f"{'ID':<14} {'STATE':<12} {'STEP':>13} {'LOSS':>9}  NAME")
+            view = MetricCatalogView.fetch(c)
+            print(_list_header(view))
             for j in page.jobs:
-                print(_fmt_job_line(j))
+                print(_fmt_job_line(j, view))
             if page.total > page.offset + len(page.jobs):
                 print(f"… {page.total} jobs in all; see more with --offset {page.offset + len(page.jobs)}")
 
@@ -286,8 +435,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"  queue     position {j.queue_position}: {j.queue_reason or 'waiting'}")
             print(f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   priority {j.priority}")
             print(f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   updated {j.updated_at:%H:%M:%S}")
-            for name, m in sorted(j.latest_metrics.items()):
-                print(f"  {name:<16} {m.value if m.value is not None else 'nan'}  (step {m.step})")
+            for line in MetricCatalogView.fetch(c).status_lines(j.latest_metrics):
+                print(line)
             for p in j.placement:
                 print(f"  rank {p.rank:<3} {p.node_id[:16]:<16} {p.device}")
             if j.error:

@@ -35,6 +35,7 @@ from workers.config import JobSpec
 
 if TYPE_CHECKING:
     from api.routers.artifacts import ArtifactList
+    from api.routers.metrics import MetricCatalog
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -192,6 +193,12 @@ class Client:
         from api.pull import pull
 
         return pull(self.http, self.artifacts(job_id), dest, self._check, progress)
+
+    def metric_catalog(self) -> MetricCatalog:
+        """What each metric name means and how to show it (`GET /v1/metrics/catalog`)."""
+        from api.routers.metrics import MetricCatalog
+
+        return MetricCatalog.model_validate(self._get("/v1/metrics/catalog"))
 
     def cluster(self) -> ClusterOut:
         return ClusterOut.model_validate(self._get("/v1/cluster"))

@@ -427,3 +427,59 @@ def test_store_unavailable_is_503(tmp_path):
         finally:
             store.db.sessions = good
         assert c.get("/v1/jobs").json()["total"] == 1
+
+
+def test_metric_catalog_route(srv):
+    """GET /v1/metrics/catalog serves workers.metrics: read auth, the entries' exact values."""
+    assert srv.client(None).get("/v1/metrics/catalog").status_code == 401
+    r = srv.client().get("/v1/metrics/catalog")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [g["id"] for g in body["groups"]] == [
+        "training",
+        "throughput",
+        "memory",
+        "validation",
+        "eval",
+        "verification",
+    ]
+    by_name = {m["name"]: m for m in body["metrics"]}
+    assert by_name["loss"] == {
+        "name": "loss",
+        "key": "loss",
+        "title": "Loss",
+        "unit": "nats/token",
+        "group": "training",
+        "description": "cross-entropy of the step's global batch, the token mean over all ranks",
+        "format": "fixed",
+        "digits": 4,
+        "per_rank": False,
+        "view": "line",
+        "fields": [],
+        "regex": "^loss$",
+        "grid": None,
+        "column": True,
+        "progress": True,
+    }
+    assert {n: m["per_rank"] for n, m in by_name.items() if m["per_rank"]} == {
+        "mem_peak_bytes": True,
+        "state_bytes": True,
+    }
+    cells = by_name["passkey_acc/len={len}/depth={depth}"]
+    assert cells["key"] == "passkey" and cells["view"] == "grid"
+    assert cells["fields"] == ["len", "depth"]
+    assert cells["grid"] == {"rows": "len", "columns": "depth"}
+    assert cells["regex"] == "^passkey_acc/len=([^/]+)/depth=([^/]+)$"
+    # the metrics other parts emit soon are listed already (they have no data until then)
+    assert by_name["val_loss"]["group"] == by_name["val_loss/pos={pos}"]["group"] == "validation"
+    assert by_name["val_loss/pos={pos}"]["fields"] == ["pos"]
+    assert by_name["verify_max_rel_err"]["view"] == "stat"
+    assert [m["name"] for m in body["metrics"] if m["column"]] == ["loss", "tokens_per_s"]
+    assert set(body["formats"]) >= {m["format"] for m in body["metrics"]}
+    # in the OpenAPI document, with its schema
+    spec = srv.client(None).get("/openapi.json").json()
+    op = spec["paths"]["/v1/metrics/catalog"]["get"]
+    assert op["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/MetricCatalog"
+    }
+    assert "401" in op["responses"]

@@ -87,6 +87,7 @@ def test_submit_follow(srv, capsys, tmp_path):
         t.join(timeout=20)
         assert code == want, out
         assert f"{final}" in out and "final loss 2.1000" in out
+        assert "tokens_per_s 1.23k" in out  # the catalog's progress metrics, in its formats
         if final == "FAILED":
             assert "out of patience" in out and "ringtrain logs" in out
 
@@ -125,3 +126,69 @@ def test_console_script_help():
     for cmd in ("serve", "demo", "submit", "list", "status", "cancel", "logs", "plan"):
         assert cmd in r.stdout
     assert time.time() - t < 60
+
+
+def test_status_list_and_follow_show_metrics_as_the_catalog_says(srv, capsys):
+    """Units, formats, grid tables and list columns come from GET /v1/metrics/catalog."""
+    code, out, _ = run(capsys, "submit", PASSKEY)
+    job_id = out.split()[1]
+    d = Driver(srv, job_id)
+    d.state("RUNNING", reason="placed")
+    cells = [
+        d.item("metric", step=4, name=f"passkey_acc/len={n}/depth={dp}", value=v)
+        for n, dp, v in ((1024, "0.50", 0.5), (128, "0.50", 1.0), (256, "0.00", 0.25))
+    ]
+    d.post(
+        [
+            d.item("metric", step=0, name="verify_max_rel_err", value=3.2e-7),
+            d.item("metric", step=4, name="loss", value=2.1),
+            d.item("metric", step=4, name="tokens_per_s", value=52_340.0),
+            d.item("metric", step=4, name="step_time_s", value=0.31),
+            d.item("metric", step=4, name="mem_peak_bytes", value=3 * 2**30, rank=0),
+            d.item("metric", step=4, name="val_loss/pos=1024", value=2.0),
+            d.item("metric", step=4, name="val_loss/pos=256", value=2.5),
+            d.item("metric", step=4, name="not_in_catalog", value=1.5),
+            *cells,
+        ]
+    )
+    code, out, _ = run(capsys, "status", job_id)
+    assert code == 0
+    metric_lines = out.split("  created")[1].split("\n", 1)[1].split("  history")[0].splitlines()
+    assert metric_lines == [
+        "  loss               2.1000 nats/token  (step 4)",
+        "  tokens_per_s       52.34k             (step 4)",
+        "  step_time_s        310 ms             (step 4)",
+        "  val_loss/pos=256   2.5000 nats/token  (step 4)",
+        "  val_loss/pos=1024  2.0000 nats/token  (step 4)",
+        "  Retrieval accuracy by context length (rows) and needle depth (columns) (step 4)",
+        "     len \\ depth    0.00    0.50",
+        "             128       -    100%",
+        "             256     25%       -",
+        "            1024       -     50%",
+        "  verify_max_rel_err 3.20e-07           (step 0)",
+        "  not_in_catalog     1.5                (step 4)",
+    ]
+    code, out, _ = run(capsys, "list")
+    head, row = out.splitlines()[:2]
+    assert head.split() == ["ID", "STATE", "STEP", "LOSS", "TOKENS_PER_S", "NAME"]
+    assert row.split()[3:5] == ["2.1000", "52.34k"]
+
+
+def test_format_value_known_answers():
+    from api.cli import format_value
+    from api.routers.metrics import MetricInfo
+    from workers.metrics import catalog_json
+
+    info = {m["name"]: MetricInfo.model_validate(m) for m in catalog_json()["metrics"]}
+    assert format_value(info["loss"], 2.1) == "2.1000"
+    assert format_value(info["lr"], 3e-4) == "3.0e-04"
+    assert format_value(info["grad_norm"], 0.123456) == "0.1235"
+    assert format_value(info["tokens_per_s"], 999.0) == "999"
+    assert format_value(info["tokens_per_s"], 1.5e9) == "1.5G"
+    assert format_value(info["step_time_s"], 2.5) == "2.5 s"
+    assert format_value(info["mem_peak_bytes"], 1536.0) == "1.5 KiB"
+    assert format_value(info["mem_peak_bytes"], 100.0) == "100 B"
+    assert format_value(info["passkey_acc"], 1 / 3) == "33.3%"
+    assert format_value(info["passkey_acc"], 0.75) == "75%"
+    assert format_value(None, 1234.5678) == "1235"
+    assert format_value(info["loss"], None) == "nan"

@@ -109,13 +109,17 @@ def test_jobs_list_live_and_filter(page: Any, server: Any) -> None:
     first_loss = row.locator("td.loss").inner_text()
     # live: new points arrive, the row updates without a reload
     d.post(step_items(d, 10, loss=1.2345))
+    # the catalog's columns and formats: loss with 4 decimals, tokens/s with an SI suffix
     wait_js(
         page,
-        "id => document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.235'"
-        " || document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.234'",
+        "id => document.querySelector(`tr[data-job-id='${id}'] td.loss`)?.textContent === '1.2345'",
         arg=running["id"],
         timeout=20000,
     )
+    heads = page.locator("#jobs-table thead th")
+    headers = heads.evaluate_all("ths => ths.map(t => t.textContent)")
+    assert headers == ["Name", "Owner", "State", "Progress", "Loss", "Tokens / s", "Age"]
+    assert row.locator("td[data-metric='tokens_per_s']").inner_text() == "53.8k"
     assert row.locator("td.loss").inner_text() != first_loss
     assert "10 / 400" in row.locator(".progress").inner_text()
     shot(page, "dashboard-jobs")
@@ -217,6 +221,85 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     wait_js(page, "() => document.querySelector('#job-state')?.textContent === 'CANCELLED'", timeout=15000)
     assert page.locator("#timeline li[data-to='CANCELLED']").count() == 1
     shot(page, "dashboard-job-cancelled")
+
+
+def test_a_metric_only_the_catalog_knows_is_charted(page: Any, server: Any) -> None:
+    """val_loss and val_loss/pos=<bucket> are named in workers/metrics.py and nowhere in the
+    dashboard's JavaScript: the job page charts them with the catalog's title, group and format,
+    the family as one chart with a series per bucket; a one-off figure (verify_max_rel_err), the
+    per-rank state_bytes and a second grid family come from the catalog too."""
+    static_js = Path(__file__).resolve().parent.parent / "api" / "static" / "js"
+    js = "".join(p.read_text() for p in static_js.glob("*.js"))
+    assert "val_loss" not in js and "verify_max_rel_err" not in js and "state_bytes" not in js
+
+    def state_points(d: Driver, step: int) -> list[dict[str, Any]]:
+        return [
+            d.item("metric", step=step, name="state_bytes", value=2**20 * (rank + 1), rank=rank) for rank in range(4)
+        ]
+
+    job = create_job(server, {**SPEC, "name": "catalog-only"})
+    d = start_running(server, job["id"], ranks=4)
+    d.post([d.item("metric", step=0, name="verify_max_rel_err", value=3.2e-7)])
+    for s in range(1, 6):
+        d.post(
+            [
+                *step_items(d, s),
+                *state_points(d, s),
+                d.item("metric", step=s, name="val_loss", value=3.0 - 0.25 * s),
+                d.item("metric", step=s, name="val_loss/pos=1024", value=2.0 - 0.1 * s),
+                d.item("metric", step=s, name="val_loss/pos=256", value=2.5 - 0.1 * s),
+            ]
+        )
+    d.post([d.item("metric", step=5, name="passkey_token_acc/len=256/depth=0.50", value=0.8)])
+    goto(page, server, f"#/jobs/{job['id']}")
+    wait_js(page, "() => Number(document.querySelector('#chart-val_loss')?.dataset.points) === 5")
+    val = page.locator("#chart-val_loss")
+    assert val.locator("figcaption").inner_text().startswith("Validation loss")
+    # its group's heading, from the catalog, is shown; the charts of a group follow their heading
+    held_out = page.locator("#main h3.chart-group[data-group='validation']")
+    assert held_out.is_visible() and held_out.inner_text() == "Held-out loss"
+    order = page.evaluate(
+        "() => [...document.querySelectorAll('.charts h3:not([hidden]), .charts figure')]"
+        ".map(e => e.dataset.group ? `#${e.dataset.group}` : e.dataset.metric)"
+    )
+    assert order == [
+        "#training",
+        "loss",
+        "lr",
+        "grad_norm",
+        "#throughput",
+        "tokens_per_s",
+        "step_time_s",
+        "#memory",
+        "mem_peak_bytes",
+        "state_bytes",
+        "#validation",
+        "val_loss",
+        "val_loss_pos",
+    ]
+    # the family: one chart, one series per bucket in numeric order, the catalog's fixed format
+    labels = page.locator("#chart-val_loss_pos .u-legend .u-series .u-label").all_inner_texts()
+    assert labels == ["step", "pos=256", "pos=1024"]
+    assert page.locator("#chart-state_bytes .u-legend .u-series").count() == 1 + 4
+    val.scroll_into_view_if_needed()
+    box = val.locator(".u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    shown = val.locator(".u-legend .u-series").nth(1).locator(".u-value").inner_text()
+    assert re.fullmatch(r"\d\.\d{4}", shown), shown
+    # the one-off figure and the second grid
+    stats = page.locator("#metric-stats")
+    stats.locator("dt").wait_for()
+    assert stats.locator("dt").all_inner_texts() == ["Verification: max relative error"]
+    assert stats.locator("dd").inner_text() == "3.20e-7"
+    token_grid = page.locator("#passkey_token-grid")
+    token_grid.wait_for()
+    assert token_grid.locator("td").all_inner_texts() == ["80%"]
+    assert "Answer-token accuracy" in token_grid.get_attribute("aria-label")
+    assert page.locator("#grids figure.grid").count() == 1
+    # live: a point that arrives over the event stream lands on the catalog's chart
+    d.post([d.item("metric", step=6, name="val_loss", value=1.4)])
+    wait_js(page, "() => Number(document.querySelector('#chart-val_loss').dataset.points) === 6")
+    shot(page, "dashboard-catalog")
 
 
 def test_a_stale_read_of_the_job_does_not_undo_a_newer_state(page: Any, server: Any) -> None:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workers import metrics
 from workers.config import JobSpec
 from workers.data import from_windows, make_sample, sample_generator, take_shard
 from workers.data.tokenizer import tokenizer_for
@@ -32,8 +33,9 @@ def _autocast(device: torch.device) -> AbstractContextManager:
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
-def cell_name(length: int, depth: float, metric: str = "passkey_acc") -> str:
-    return f"{metric}/len={length}/depth={depth:.2f}"
+def cell_name(length: int, depth: float, metric: str = metrics.PASSKEY_ACC.name) -> str:
+    """One grid cell's name, in the family of `metric` (`passkey_acc` or `passkey_token_acc`)."""
+    return metrics.PASSKEY_CELLS[metric].member(len=length, depth=f"{depth:.2f}")
 
 
 @torch.no_grad()
@@ -98,11 +100,12 @@ def passkey_accuracy(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.
                 dist.all_reduce(counts)
             wrong, total = counts
             exact[cell_name(length, depth)] = int((wrong == 0).sum()) / n
-            per_token[cell_name(length, depth, "passkey_token_acc")] = float((1 - wrong / total).mean())
+            token_cell = cell_name(length, depth, metrics.PASSKEY_TOKEN_ACC.name)
+            per_token[token_cell] = float((1 - wrong / total).mean())
     model.train(was_training)
     return {
-        "passkey_acc": sum(exact.values()) / len(exact),
+        metrics.PASSKEY_ACC.name: sum(exact.values()) / len(exact),
         **exact,
-        "passkey_token_acc": sum(per_token.values()) / len(per_token),
+        metrics.PASSKEY_TOKEN_ACC.name: sum(per_token.values()) / len(per_token),
         **per_token,
     }

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from workers import metrics
 from workers.config import JobSpec
 from workers.data import Batch, build_source, take_shard
 from workers.models import SequenceParallel, attention_backend, save_pretrained
@@ -225,13 +226,13 @@ class Trainer:
 
     def report(self, s: StepStats) -> None:
         if self.mesh.rank == 0:
-            self.point("loss", s.loss)
-            self.point("lr", s.lr)
-            self.point("grad_norm", s.grad_norm)
-            self.point("tokens_per_s", s.tokens / s.seconds)
-            self.point("step_time_s", s.seconds)
-        self.point("mem_peak_bytes", self.memory.peak(), rank=self.mesh.rank)
-        self.point("state_bytes", s.state_bytes, rank=self.mesh.rank)
+            self.point(metrics.LOSS.name, s.loss)
+            self.point(metrics.LR.name, s.lr)
+            self.point(metrics.GRAD_NORM.name, s.grad_norm)
+            self.point(metrics.TOKENS_PER_S.name, s.tokens / s.seconds)
+            self.point(metrics.STEP_TIME_S.name, s.seconds)
+        self.point(metrics.MEM_PEAK_BYTES.name, self.memory.peak(), rank=self.mesh.rank)
+        self.point(metrics.STATE_BYTES.name, s.state_bytes, rank=self.mesh.rank)
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def _fence(self) -> None:

@@ -1,7 +1,9 @@
-// Live line charts on uPlot (vendored, MIT): x = step, one series per metric (and per rank where the metric
-// is per rank). Initial data comes downsampled from the server; live points are appended in place and
-// redrawn at most every DRAW_MS. Drag to zoom, double-click or "Reset" to reset; keyboard: + − ← → 0.
+// Live line charts on uPlot (vendored, MIT): x = step, one series per metric (and per rank where
+// the metric is per rank, or per member of a catalog family). Initial data comes downsampled from
+// the server; live points are appended in place and redrawn at most every DRAW_MS. Drag to zoom,
+// double-click or "Reset" to reset; keyboard: + − ← → 0.
 import uPlot from "../vendor/uplot/uPlot.esm.js";
+import { naturalCompare } from "./metrics.js";
 import { cssVar, h, PALETTE } from "./util.js";
 
 const DRAW_MS = 250;
@@ -35,7 +37,7 @@ export class LiveChart {
   constructor(parent, opts) {
     this.opts = opts;
     this.xs = [];
-    this.keys = []; // series keys: "" for a global metric, "rank N" for per-rank ones
+    this.keys = []; // series keys: "" (one global series), "rank N", or a family member's label
     this.ys = new Map();
     this.u = null;
     this.userZoom = false;
@@ -64,12 +66,19 @@ export class LiveChart {
 
   width() { return Math.max(200, this.plot.clientWidth || this.fig.clientWidth - 16); }
 
-  key(rank) { return rank === null || rank === undefined ? "" : `rank ${rank}`; }
+  key(rank, label) {
+    const r = rank === null || rank === undefined ? "" : `rank ${rank}`;
+    return label ? (r ? `${label} ${r}` : label) : r;
+  }
 
-  /** Replace everything with server series: [{rank, step: [...], value: [...]}]. */
+  static order(a, b) { return a === "" ? -1 : b === "" ? 1 : naturalCompare(a, b); }
+
+  /** Replace everything with server series: [{rank, label?, step: [...], value: [...]}]. */
   load(seriesList) {
-    const sorted = [...seriesList].sort((a, b) => (a.rank ?? -1) - (b.rank ?? -1));
-    this.keys = sorted.map((s) => this.key(s.rank));
+    const keyed = seriesList.map((s) => ({ key: this.key(s.rank, s.label), s }));
+    keyed.sort((a, b) => LiveChart.order(a.key, b.key));
+    this.keys = keyed.map((x) => x.key);
+    const sorted = keyed.map((x) => x.s);
     if (sorted.length === 1) {
       this.xs = sorted[0].step.slice();
       this.ys = new Map([[this.keys[0], sorted[0].value.slice()]]);
@@ -82,15 +91,15 @@ export class LiveChart {
     this.draw();
   }
 
-  /** Append (or overwrite) one point; cheap for increasing steps. */
-  push(step, rank, value) {
-    const k = this.key(rank);
+  /** Append (or overwrite) one point; cheap for increasing steps. `label`: a family member. */
+  push(step, rank, value, label) {
+    const k = this.key(rank, label);
     let ys = this.ys.get(k);
     if (!ys) {
       ys = new Array(this.xs.length).fill(null);
       this.ys.set(k, ys);
       this.keys.push(k);
-      this.keys.sort((a, b) => (a === "" ? -1 : b === "" ? 1 : Number(a.slice(5)) - Number(b.slice(5))));
+      this.keys.sort(LiveChart.order);
       this.keysChanged = true;
     }
     const n = this.xs.length;

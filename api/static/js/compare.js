@@ -4,6 +4,7 @@
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { api } from "./api.js";
 import { tickLabels } from "./charts.js";
+import { Catalog, loadCatalog, naturalCompare } from "./metrics.js";
 import { cssVar, fmtNum, h, PALETTE, stateBadge } from "./util.js";
 
 const MAX_JOBS = PALETTE.length;
@@ -41,7 +42,8 @@ function line(snap, name) {
 export function mountCompare(root, query) {
   const ctrl = new AbortController();
   const selected = [...new Set((query.get("ids") || "").split(",").filter(Boolean))].slice(0, MAX_JOBS);
-  let metric = query.get("metric") || "loss";
+  let metric = query.get("metric") || ""; // none asked for: the first in catalog order (the loss)
+  let catalog = new Catalog();
   const snaps = new Map(); // job id -> /series snapshot
   let u = null;
   let destroyed = false;
@@ -122,7 +124,9 @@ export function mountCompare(root, query) {
     if (destroyed) return;
     const names = new Set();
     for (const id of selected) for (const s of snaps.get(id)?.series || []) names.add(s.name);
-    const sorted = [...names].sort((a, b) => (a === "loss" ? -1 : b === "loss" ? 1 : a.localeCompare(b)));
+    // catalog order (its entries' order, then the names a family holds), then names it lacks
+    const rank = (n) => catalog.lookup(n)?.metric.order ?? Infinity;
+    const sorted = [...names].sort((a, b) => rank(a) - rank(b) || naturalCompare(a, b));
     if (sorted.length && !names.has(metric)) metric = sorted[0];
     metricSel.replaceChildren(...sorted.map((n) => h("option", { value: n, selected: n === metric }, n)));
     draw();
@@ -182,6 +186,7 @@ export function mountCompare(root, query) {
   }
 
   loadJobs();
-  refresh();
+  loadCatalog().then((c) => { catalog = c; }, (e) => console.warn("metric catalog:", e.message))
+    .finally(() => { if (!destroyed) refresh(); });
   return () => { destroyed = true; ctrl.abort(); ro.disconnect(); if (u) u.destroy(); };
 }

@@ -1,23 +1,23 @@
-// One job: header with progress and cancel, live charts, the ring, the passkey grid, state timeline (with the
-// audit trail's rows for the job: who created or cancelled it, from where), logs.
+// One job: header with progress and cancel, live charts, the ring, the evaluation grids, state
+// timeline (with the audit trail's rows for the job: who created or cancelled it, from where),
+// logs.
+// Where each metric goes (a chart, a grid, a figure), its title and format come from the metric
+// catalog (metrics.js); a name the catalog lacks still gets a plain chart, under "Other".
 // Initial load: GET /v1/jobs/{id}/series (downsampled on the server, consistent as of last_seq); then the
 // job's SSE stream from last_seq appends points. Without the /series route it replays the stream from 0.
 import { api, ApiError, followEvents } from "./api.js";
 import { mountArtifacts } from "./artifacts.js";
 import { LiveChart, timings } from "./charts.js";
-import { renderPasskey, PASSKEY_RE } from "./passkey.js";
+import { renderGrid } from "./grid.js";
+import { Catalog, loadCatalog, naturalCompare } from "./metrics.js";
 import { renderRing } from "./ring.js";
-import { age, clock, fmtBytes, fmtNum, fmtSeconds, fmtSI, h, progress, stateBadge, TERMINAL } from "./util.js";
+import { age, clock, fmtNum, h, progress, stateBadge, TERMINAL } from "./util.js";
 
-const CHARTS = [
-  { id: "loss", title: "Loss", fmt: (v) => fmtNum(v) },
-  { id: "lr", title: "Learning rate", fmt: (v) => (v === 0 ? "0" : v.toExponential(1)) },
-  { id: "tokens_per_s", title: "Tokens / s", fmt: fmtSI },
-  { id: "step_time_s", title: "Step time", fmt: fmtSeconds },
-  { id: "mem_peak_bytes", title: "Peak memory per rank", fmt: fmtBytes },
-  { id: "grad_norm", title: "Gradient norm", fmt: (v) => fmtNum(v) },
-];
 const LOG_TAIL = 500;
+const MAX_OTHER_CHARTS = 24; // names the catalog lacks: one plain chart each, up to this many
+// the two per-rank figures the ring view draws (catalog names)
+const RING_MEMORY = "mem_peak_bytes";
+const RING_STEP_TIME = "step_time_s";
 
 export function mountJob(root, jobId) {
   const ctrl = new AbortController();
@@ -29,14 +29,22 @@ export function mountJob(root, jobId) {
   const logs = [];
   const perRank = new Map();
   let globalStepTime;
-  const passkey = new Map();
+  let catalog = new Catalog();
+  const charts = new Map(); // chart key -> LiveChart, created on a metric's first point
+  const slots = new Map(); // chart key or "group:<id>" -> where its chart goes, in catalog order
+  const groupHeads = new Map(); // group id -> its heading, shown once the group has a chart
+  const grids = new Map(); // grid entry key -> {metric, cells: Map name -> {fields, value}}
+  const stats = new Map(); // "name|rank" -> {metric, label, step, value} of "stat" entries
+  let otherCharts = 0;
   const timers = new Set();
 
   const head = h("section.panel.job-head-wrap", { "aria-labelledby": "job-title" });
   const errorBox = h("section.panel.alert", { role: "alert", hidden: true });
   const chartsGrid = h("div.charts");
   const ringBox = h("div#ring");
-  const passkeyBox = h("div#passkey");
+  const gridsBox = h("div#grids");
+  const statsBox = h("dl#metric-stats.stats", { hidden: true });
+  const noMetrics = h("p.muted#metrics-empty", {}, "No metric points yet.");
   const timeline = h("ol.timeline#timeline");
   const logBox = h("pre.logs#logs", { tabindex: 0, "aria-label": "log tail" });
   const live = h("span.live", { "aria-live": "polite" }, "connecting…");
@@ -47,18 +55,17 @@ export function mountJob(root, jobId) {
     h("section.panel", { "aria-labelledby": "metrics-h" },
       h("div.toolbar", {}, h("h2#metrics-h", {}, "Metrics"), live,
         h("span.muted", {}, "Drag across a chart to zoom, double-click to reset; hover for values.")),
-      chartsGrid),
+      noMetrics, statsBox, chartsGrid),
     h("div.two", {},
       h("section.panel", { "aria-labelledby": "ring-h" }, h("h2#ring-h", {}, "Ring"), ringBox),
       h("div", {},
-        h("section.panel", { "aria-labelledby": "passkey-h" },
-          h("h2#passkey-h", {}, "Passkey retrieval (needle in a haystack)"), passkeyBox),
+        h("section.panel", { "aria-labelledby": "grids-h" },
+          h("h2#grids-h", {}, "Evaluation grids"), gridsBox),
         h("section.panel", { "aria-labelledby": "timeline-h" }, h("h2#timeline-h", {}, "State timeline"), timeline))),
     h("section.panel", { "aria-labelledby": "model-h" }, h("h2#model-h", {}, "Model"), modelBox),
     h("section.panel", { "aria-labelledby": "logs-h" },
       h("div.toolbar", {}, h("h2#logs-h", {}, "Logs"), h("span.muted", {}, `last ${LOG_TAIL} lines`)),
       logBox));
-  const charts = new Map(CHARTS.map((c) => [c.id, new LiveChart(chartsGrid, c)]));
   const model = mountArtifacts(modelBox, jobId, ctrl.signal);
 
   function later(fn, ms) {
@@ -114,7 +121,66 @@ export function mountJob(root, jobId) {
     }
     ringBox.replaceChildren(renderRing(job?.placement || [], vals, { caption: "ranks of this job" }));
   }, 500);
-  const renderPasskeySoon = throttled(() => passkeyBox.replaceChildren(renderPasskey(passkey)), 500);
+  const renderGridsSoon = throttled(() => {
+    const shown = [...grids.values()].filter((g) => g.cells.size);
+    shown.sort((a, b) => a.metric.order - b.metric.order);
+    gridsBox.replaceChildren(...(shown.length ? shown.map((g) => renderGrid(g.metric, g.cells))
+      : [h("p.muted", {}, "No evaluation grid yet (it runs at the evaluation interval).")]));
+  }, 500);
+  const renderStatsSoon = throttled(() => {
+    const byMetric = new Map();
+    for (const st of stats.values()) {
+      if (!byMetric.has(st.metric)) byMetric.set(st.metric, []);
+      byMetric.get(st.metric).push(st);
+    }
+    const entries = [...byMetric].sort((a, b) => a[0].order - b[0].order);
+    statsBox.hidden = !entries.length;
+    if (entries.length) noMetrics.hidden = true;
+    statsBox.replaceChildren(...entries.flatMap(([m, list]) => [
+      h("dt", { title: m.description }, m.title),
+      h("dd", { dataset: { metric: m.key } },
+        list.sort((a, b) => naturalCompare(a.label, b.label)).map((st) => h("span.stat",
+          { title: `step ${st.step}` }, st.label ? `${st.label}: ` : "", m.fmt(st.value))))]));
+  }, 300);
+
+  // ---- where each metric goes (from the catalog) ----------------------------------------------
+  function useCatalog(c) {
+    catalog = c;
+    const groups = [...c.groups, { id: "other", title: "Other" }];
+    for (const g of groups) {
+      const head = h("h3.chart-group", { hidden: true, dataset: { group: g.id } }, g.title);
+      groupHeads.set(g.id, head);
+      chartsGrid.append(head);
+      for (const m of c.shownAs("line").filter((x) => x.group === g.id)) {
+        const slot = h("div.chart-slot");
+        slots.set(m.key, slot);
+        chartsGrid.append(slot);
+      }
+      const rest = h("div.chart-slot"); // the group's charts of names the catalog lacks
+      slots.set(`group:${g.id}`, rest);
+      chartsGrid.append(rest);
+    }
+  }
+
+  /** The chart and series label of a metric, the chart created on first use; null: not charted. */
+  function chartOf(name) {
+    const hit = catalog.lookup(name);
+    if (hit && hit.metric.view !== "line") return null;
+    const key = hit ? hit.metric.key : `other:${name}`;
+    let chart = charts.get(key);
+    if (!chart) {
+      const group = hit ? hit.metric.group : "other";
+      if (!hit && ++otherCharts > MAX_OTHER_CHARTS) return null;
+      const slot = (hit && slots.get(key)) || slots.get(`group:${group}`) || chartsGrid;
+      chart = new LiveChart(slot, hit
+        ? { id: key, title: hit.metric.title, fmt: hit.metric.fmt }
+        : { id: name, title: name, fmt: (v) => fmtNum(v) });
+      charts.set(key, chart);
+      groupHeads.get(group)?.removeAttribute("hidden");
+      noMetrics.hidden = true;
+    }
+    return { chart, label: hit?.label || null };
+  }
 
   function renderTimeline() {
     const states = [...transitions.values()].sort((a, b) => a.seq - b.seq).map((t) => [t.time, h("li", { dataset: { to: t.to } },
@@ -156,20 +222,31 @@ export function mountJob(root, jobId) {
   function notePoint(name, rank, step, value) {
     if (rank !== null && rank !== undefined) {
       const m = perRank.get(rank) || {};
-      if (name === "mem_peak_bytes") m.mem = value;
-      if (name === "step_time_s") m.stepTime = value;
+      if (name === RING_MEMORY) m.mem = value;
+      if (name === RING_STEP_TIME) m.stepTime = value;
       perRank.set(rank, m);
       renderRingSoon();
-    } else if (name === "step_time_s") {
+    } else if (name === RING_STEP_TIME) {
       globalStepTime = value;
       renderRingSoon();
     }
-    if (PASSKEY_RE.test(name)) { passkey.set(name, value); renderPasskeySoon(); }
+    const hit = catalog.lookup(name);
+    if (hit?.metric.view === "grid") {
+      const key = hit.metric.key;
+      if (!grids.has(key)) grids.set(key, { metric: hit.metric, cells: new Map() });
+      grids.get(key).cells.set(name, { fields: hit.fields, value });
+      renderGridsSoon();
+    } else if (hit?.metric.view === "stat") {
+      const who = rank === null || rank === undefined ? "" : `rank ${rank}`;
+      const label = [hit.label, who].filter(Boolean).join(" ");
+      stats.set(`${name}|${rank ?? ""}`, { metric: hit.metric, label, step, value });
+      renderStatsSoon();
+    }
   }
 
   function onMetric(p) {
-    const chart = charts.get(p.name);
-    if (chart) chart.push(p.step, p.rank, p.value);
+    const where = chartOf(p.name);
+    if (where) where.chart.push(p.step, p.rank, p.value, where.label);
     notePoint(p.name, p.rank, p.step, p.value);
     if (job && p.rank === null && p.step > job.step && !TERMINAL.has(job.state)) {
       job.step = p.step;
@@ -241,20 +318,31 @@ export function mountJob(root, jobId) {
   async function load() {
     const t0 = performance.now();
     let after = 0;
+    const catalogP = loadCatalog().catch((e) => {
+      console.warn("metric catalog (charting every metric plainly):", e.message);
+      return new Catalog();
+    });
+    const seriesP = api(
+      `/v1/jobs/${encodeURIComponent(jobId)}/series?max_points=4000&logs=${LOG_TAIL}`,
+      { signal: ctrl.signal });
+    seriesP.catch(() => {}); // in flight while the catalog loads; its failure is handled below
+    useCatalog(await catalogP);
     try {
-      const snap = await api(`/v1/jobs/${encodeURIComponent(jobId)}/series?max_points=4000&logs=${LOG_TAIL}`,
-        { signal: ctrl.signal });
+      const snap = await seriesP;
       const tFetch = performance.now();
       after = snap.last_seq;
       setJob(snap.job);
-      const byName = new Map();
+      const byChart = new Map();
       for (const s of snap.series) {
-        if (!byName.has(s.name)) byName.set(s.name, []);
-        byName.get(s.name).push(s);
+        const where = chartOf(s.name);
+        if (where) {
+          if (!byChart.has(where.chart)) byChart.set(where.chart, []);
+          byChart.get(where.chart).push({ ...s, label: where.label });
+        }
         const n = s.value.length;
         if (n) notePoint(s.name, s.rank, s.step[n - 1], s.value[n - 1]);
       }
-      for (const [name, chart] of charts) chart.load(byName.get(name) || []);
+      for (const [chart, list] of byChart) chart.load(list);
       for (const l of snap.logs) onLog(l);
       timings.snapshots.push({ job: jobId, fetchMs: tFetch - t0, totalMs: performance.now() - t0,
         points: snap.series.reduce((a, s) => a + s.count, 0),
@@ -275,7 +363,7 @@ export function mountJob(root, jobId) {
       }
     }
     renderRingSoon();
-    renderPasskeySoon();
+    renderGridsSoon();
     renderLogsSoon();
     loadAudit();
     if (destroyed) return;

@@ -1,6 +1,8 @@
-// The jobs list: live (polls the API every 2 s), filterable by state.
+// The jobs list: live (polls the API every 2 s), filterable by state. The metric columns (latest
+// loss, tokens/s, ...) are the catalog's entries marked `column` (metrics.js).
 import { api } from "./api.js";
-import { age, fmtNum, fmtSI, h, progress, STATES, stateBadge } from "./util.js";
+import { Catalog, loadCatalog } from "./metrics.js";
+import { age, h, progress, STATES, stateBadge } from "./util.js";
 
 const POLL_MS = 2000;
 
@@ -14,13 +16,18 @@ export function mountJobs(root, query) {
   });
   const count = h("span#jobs-count.muted", { "aria-live": "polite" });
   const tbody = h("tbody");
+  const thead = h("thead");
+  let columns = [];
   const table = h("table#jobs-table", {},
-    h("caption.sr-only", {}, "Jobs, newest first"),
-    h("thead", {}, h("tr", {},
+    h("caption.sr-only", {}, "Jobs, newest first"), thead, tbody);
+  function renderHead() {
+    thead.replaceChildren(h("tr", {},
       h("th", { scope: "col" }, "Name"), h("th", { scope: "col" }, "Owner"), h("th", { scope: "col" }, "State"),
-      h("th", { scope: "col" }, "Progress"), h("th.num", { scope: "col" }, "Loss"),
-      h("th.num", { scope: "col" }, "Tokens/s"), h("th.num", { scope: "col" }, "Age"))),
-    tbody);
+      h("th", { scope: "col" }, "Progress"),
+      columns.map((m) => h("th.num", { scope: "col", title: m.description }, m.title)),
+      h("th.num", { scope: "col" }, "Age")));
+  }
+  renderHead();
   const err = h("p.error-text", { role: "alert", hidden: true });
   root.append(
     h("section.panel", { "aria-labelledby": "jobs-h" },
@@ -36,7 +43,16 @@ export function mountJobs(root, query) {
   let stopped = false;
   const ctrl = new AbortController();
 
+  const catalogP = loadCatalog().catch((e) => {
+    console.warn("metric catalog (no metric columns):", e.message);
+    return new Catalog();
+  });
+
   async function load() {
+    if (!columns.length) {
+      columns = (await catalogP).marked("column");
+      renderHead();
+    }
     const qs = new URLSearchParams({ limit: "100" });
     if (state) qs.append("state", state);
     try {
@@ -55,7 +71,7 @@ export function mountJobs(root, query) {
   function render(res) {
     count.textContent = `${res.total} job${res.total === 1 ? "" : "s"}${state ? ` ${state}` : ""}`;
     if (!res.jobs.length) {
-      tbody.replaceChildren(h("tr", {}, h("td.muted", { colspan: 7 },
+      tbody.replaceChildren(h("tr", {}, h("td.muted", { colspan: 5 + columns.length },
         state ? `No ${state} jobs.` : "No jobs yet. ", state ? null : h("a", { href: "#/submit" }, "Submit one."))));
       return;
     }
@@ -69,8 +85,8 @@ export function mountJobs(root, query) {
           j.restarts ? h("span.muted", {}, ` ↻${j.restarts}`) : null,
           j.queue_reason ? h("div.muted.queue-reason", {}, j.queue_reason) : null),
         h("td", {}, progress(j.step, j.total_steps)),
-        h("td.num.loss", {}, fmtNum(lm.loss?.value)),
-        h("td.num", {}, fmtSI(lm.tokens_per_s?.value)),
+        columns.map((m) =>
+          h(`td.num.${m.key}`, { dataset: { metric: m.name } }, m.fmt(lm[m.name]?.value))),
         h("td.num", { title: j.created_at }, age(j.created_at)));
     }));
   }
