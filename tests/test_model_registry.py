@@ -1,10 +1,10 @@
-"""The model registry: one entry per `model.kind`, and every site that differs per kind goes through it.
+"""The model registry: one entry per `model.kind`; every site that differs per kind goes through it.
 
 The proof that nothing else branches on the kind: a third kind, registered here the way a new one
 would be (a config class in `MODEL_CONFIGS`, a model class, hooks, one `register_model_kind`), is
 validated, built, built on meta and materialised, tokenized and exported through the ordinary entry
-points (`JobSpec`, `model_for`, `skeleton`/`materialize`, `tokenizer_for`, `save_pretrained`), with no
-other code changed.
+points (`JobSpec`, `model_for`, `skeleton`/`materialize`, `tokenizer_for`, `save_pretrained`),
+with no other code changed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from torch import nn
 import workers.config as config
 from workers.config import MODEL_CONFIGS, HFModelConfig, JobSpec, ModelConfig
 from workers.data.tokenizer import ByteTokenizer, HFTokenizer, tokenizer_for
-from workers.models import PretrainedLM, Transformer, build_model, model_for, registry, save_pretrained
+from workers.models import (
+    PretrainedLM,
+    Transformer,
+    build_model,
+    model_for,
+    registry,
+    save_pretrained,
+)
 from workers.models.export import write_native
 from workers.models.llama import init_shards
 from workers.models.registry import ModelKind, kind_for, kind_of, model_kind, register_model_kind
@@ -39,16 +46,18 @@ def test_every_configured_kind_has_one_entry_and_the_same_config_class() -> None
 
 
 def test_the_config_half_needs_no_torch() -> None:
-    """The control plane validates specs with workers.config alone: the kind table must not pull in torch."""
+    """The control plane validates specs with workers.config only: the kind table is torch-free."""
     import subprocess
 
-    code = "import sys, workers.config as c; assert 'torch' not in sys.modules, 'torch'; print(sorted(c.MODEL_CONFIGS))"
+    check = "assert 'torch' not in sys.modules, 'torch'"
+    code = f"import sys, workers.config as c; {check}; print(sorted(c.MODEL_CONFIGS))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['hf', 'native']"
 
 
 def test_unknown_kinds_are_refused_naming_the_registered_ones() -> None:
-    with pytest.raises(ValueError, match=r"model\.kind must be 'native' or 'hf', got 'mamba'") as err:
+    refused = r"model\.kind must be 'native' or 'hf', got 'mamba'"
+    with pytest.raises(ValueError, match=refused) as err:
         JobSpec.model_validate({"name": "x", "model": {"kind": "mamba"}})
     assert err.value.errors()[0]["loc"] == ("model", "kind")  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="unknown model kind 'mamba'; registered: native, hf"):
@@ -56,11 +65,12 @@ def test_unknown_kinds_are_refused_naming_the_registered_ones() -> None:
 
 
 def test_kind_of_finds_the_most_derived_registered_class() -> None:
-    """FSDP2 swaps a sharded model's class for a subclass; a kind may subclass another kind's model."""
+    """FSDP2 swaps a sharded model's class for a subclass; a kind may subclass another's model."""
     cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2)
     model = build_model(cfg, seed=0)
     assert kind_of(model).name == "native"
-    model.__class__ = type("FSDPTransformer", (Transformer,), {})  # what fully_shard does to the class
+    # what fully_shard does to the class
+    model.__class__ = type("FSDPTransformer", (Transformer,), {})
     assert kind_of(model).name == "native"
     with pytest.raises(TypeError, match="Linear is no registered model kind's model"):
         kind_of(nn.Linear(2, 2))
@@ -76,7 +86,7 @@ def test_registration_refuses_duplicates_and_kinds_without_a_config_class() -> N
     assert "orphan" not in registry.registered_kinds()
 
 
-# --- a third kind, added the way the docs say -------------------------------------------------------------
+# --- a third kind, added the way the docs say ----------------------------------------------------
 
 
 class ToyConfig(ModelConfig):
@@ -86,14 +96,19 @@ class ToyConfig(ModelConfig):
 
 
 class ToyLM(Transformer):
-    """The toy kind's model: the native decoder under another class (a subclass: kind_of must pick toy)."""
+    """The toy kind's model: the native decoder under another class (kind_of must pick toy)."""
 
 
 class ToyTokenizer(ByteTokenizer):
     eos_id = 10  # "\n" separates documents: tells this tokenizer apart from the byte one
 
 
-def _toy_export(model: ToyLM, state: dict[str, torch.Tensor], out: Path, max_positions: int) -> None:
+def _toy_export(
+    model: ToyLM,
+    state: dict[str, torch.Tensor],
+    out: Path,
+    max_positions: int,
+) -> None:
     write_native(model, state, out, max_positions)
     (out / "toy.txt").write_text("written by the toy kind's export hook")
 
@@ -123,7 +138,11 @@ def _toy_built(cfg: ToyConfig, seed: int) -> ToyLM:
     return model
 
 
-TOY_SPEC = {"name": "toy", "model": {"kind": "toy", "d_model": 32, "n_layers": 2, "n_heads": 4}, "train": {"seed": 5}}
+TOY_SPEC = {
+    "name": "toy",
+    "model": {"kind": "toy", "d_model": 32, "n_layers": 2, "n_heads": 4},
+    "train": {"seed": 5},
+}
 
 
 def test_a_third_kind_goes_through_every_dispatch_site(toy_kind: None, tmp_path: Path) -> None:
@@ -152,7 +171,8 @@ def test_a_third_kind_goes_through_every_dispatch_site(toy_kind: None, tmp_path:
 
 def test_materialize_refuses_a_model_of_another_kind(toy_kind: None) -> None:
     spec = JobSpec.model_validate(TOY_SPEC)
-    native = skeleton(JobSpec.model_validate({**TOY_SPEC, "model": {**TOY_SPEC["model"], "kind": "native"}}))
+    native_spec = {**TOY_SPEC, "model": {**TOY_SPEC["model"], "kind": "native"}}
+    native = skeleton(JobSpec.model_validate(native_spec))
     with pytest.raises(TypeError, match=r"model\.kind 'toy' trains a ToyLM, not a Transformer"):
         materialize(native, spec, torch.device("cpu"))
 
@@ -162,5 +182,6 @@ def test_the_built_in_kinds_tokenize_as_before(tmp_path: Path) -> None:
 
     assert type(tokenizer_for(JobSpec(name="n"))) is ByteTokenizer
     src = write_checkpoint(tmp_path / "q", "qwen2")
-    tok = tokenizer_for(JobSpec.model_validate({"name": "h", "model": {"kind": "hf", "path": str(src)}}))
+    hf_spec = {"name": "h", "model": {"kind": "hf", "path": str(src)}}
+    tok = tokenizer_for(JobSpec.model_validate(hf_spec))
     assert isinstance(tok, HFTokenizer) and tok.path == str(src)

@@ -84,13 +84,14 @@ class ModelConfig(StrictModel):
         return self
 
     def spec_problems(self, spec: JobSpec) -> list[tuple[str, Any, str]]:
-        """What this kind refuses in the rest of `spec`, as (field path, value, message): the byte tokenizer."""
+        """What this kind refuses in the rest of `spec`, as (field path, value, message)."""
         if self.vocab_size < 256 and spec.data.kind in ("passkey", "text"):
-            return [("model.vocab_size", self.vocab_size, "the byte-level tokenizer needs model.vocab_size ≥ 256")]
+            why = "the byte-level tokenizer needs model.vocab_size >= 256"
+            return [("model.vocab_size", self.vocab_size, why)]
         return []
 
     def rope_context(self) -> int | None:
-        """None: the native decoder's RoPE was never trained on a limited context (nothing to warn about)."""
+        """None: the native decoder's RoPE was never trained on a limited context (no warning)."""
         return None
 
 
@@ -333,8 +334,8 @@ class HFModelConfig(StrictModel):
         return bool(self.hf_config.get("tie_word_embeddings", False))
 
     def spec_problems(self, spec: JobSpec) -> list[tuple[str, Any, str]]:
-        """What the ring cannot compute exactly for this model in `spec`: a sliding window shorter than the
-        contexts, heads that a Ulysses group cannot split. Needs config.json (nothing to say without it)."""
+        """What the ring cannot compute exactly for this model in `spec`: a sliding window shorter
+        than the contexts, heads a Ulysses group cannot split. Needs config.json (else: nothing)."""
         if not self.shape_known:
             return []
         problems: list[tuple[str, Any, str]] = []
@@ -345,8 +346,9 @@ class HFModelConfig(StrictModel):
                 (
                     "data.seq_len",
                     spec.data.seq_len,
-                    f"the model's sliding_window ({window}) is shorter than the {longest}-token contexts; ring "
-                    "attention computes full causal attention, so this model cannot be trained exactly at this length",
+                    f"the model's sliding_window ({window}) is shorter than the {longest}-token "
+                    "contexts; ring attention computes full causal attention, so this model cannot "
+                    "be trained exactly at this length",
                 )
             )
         ulysses = getattr(spec.parallel, "ulysses_size", 1)
@@ -355,8 +357,8 @@ class HFModelConfig(StrictModel):
                 (
                     "parallel.ulysses_size",
                     ulysses,
-                    f"the model's num_attention_heads ({self.n_heads}) must be divisible by parallel.ulysses_size "
-                    f"({ulysses})",
+                    f"the model's num_attention_heads ({self.n_heads}) must be divisible by "
+                    f"parallel.ulysses_size ({ulysses})",
                 )
             )
         return problems
@@ -392,8 +394,8 @@ ModelSection: TypeAlias = ModelConfig | HFModelConfig
 MODEL_CONFIGS: dict[str, type[ModelSection]] = {
     get_args(cls.model_fields["kind"].annotation)[0]: cls for cls in get_args(ModelSection)
 }
-"""model.kind -> its config class: the torch-free half of the model registry, which the control plane
-validates specs with (`workers.models.registry` holds the rest of each kind and checks it against this).
+"""model.kind -> its config class: the torch-free half of the model registry, which the control
+plane validates specs with (`workers.models.registry` holds the rest and checks it against this).
 A new kind adds its config class to `ModelSection`; every kind's class has `kind: Literal[name]`,
 `spec_problems(spec)` and `rope_context()`, plus the size properties the planner reads."""
 
@@ -527,7 +529,7 @@ class JobSpec(StrictModel):
 
     @model_validator(mode="after")
     def _model_fits(self) -> JobSpec:
-        """Each model kind's own rules about the rest of the job (e.g. a pretrained model's sliding window)."""
+        """Each model kind's own rules about the rest of the job (a pretrained sliding window)."""
         for path, value, message in self.model.spec_problems(self):
             _fail(path, value, message)
         return self

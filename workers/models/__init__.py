@@ -19,8 +19,8 @@ from workers.models.registry import ModelKind, kind_for, kind_of, model_kind, re
 
 
 def model_for(spec: JobSpec) -> RingModel:
-    """The model a job trains, unsharded, in fp32 on CPU, weights in place (the trainer builds the same on
-    `meta` and shards it: `training/materialize.py`)."""
+    """The model a job trains, unsharded, in fp32 on CPU, weights in place (the trainer builds the
+    same on `meta` and shards it: `training/materialize.py`)."""
     model: RingModel = kind_for(spec).build(spec.model, spec)
     return model
 

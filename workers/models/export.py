@@ -1,7 +1,8 @@
 """Export any ringtrain model as a Hugging Face directory that transformers reads back with the same logits.
 
-`save_pretrained` does what every kind shares (gather a sharded model, write beside the target, rename);
-what the directory holds is the model kind's `export` hook (`workers.models.registry`). The two here:
+`save_pretrained` does what every kind shares (gather a sharded model, write beside the target,
+rename); what the directory holds is the model kind's `export` hook (`workers.models.registry`).
+The two here:
 pretrained models are transformers models already: their own `save_pretrained` plus the source
 tokenizer. The native decoder maps 1:1 onto `LlamaForCausalLM` (RMSNorm, rotate-half RoPE with the
 same inverse frequencies, SwiGLU, GQA) and ships a byte-level tokenizer whose ids are UTF-8 bytes, as
@@ -118,8 +119,13 @@ def save_pretrained(model: nn.Module, out_dir: str | Path, *, max_position_embed
     return out
 
 
-def write_pretrained(model: PretrainedLM, state: dict[str, torch.Tensor], out: Path, max_positions: int) -> None:
-    """transformers' own `save_pretrained` with the trained weights, plus the source directory's tokenizer.
+def write_pretrained(
+    model: PretrainedLM,
+    state: dict[str, torch.Tensor],
+    out: Path,
+    max_positions: int,
+) -> None:
+    """transformers' own `save_pretrained` with the trained weights, plus the source's tokenizer.
     (`max_positions` is unused: config.json already records the model's context.)"""
     hf_state = {k.removeprefix("hf."): v for k, v in state.items()}
     model.hf.save_pretrained(out, state_dict=hf_state)
@@ -127,14 +133,20 @@ def write_pretrained(model: PretrainedLM, state: dict[str, torch.Tensor], out: P
         load_tokenizer(model.source_dir).save_pretrained(out)
 
 
-def write_native(model: Transformer, state: dict[str, torch.Tensor], out: Path, max_positions: int) -> None:
+def write_native(
+    model: Transformer,
+    state: dict[str, torch.Tensor],
+    out: Path,
+    max_positions: int,
+) -> None:
     """The native decoder as a `LlamaForCausalLM` (same math) with a byte-level tokenizer."""
     from transformers import LlamaForCausalLM
 
     config = llama_config_for(model, max_positions)
     with torch.device("meta"):
         llama = LlamaForCausalLM(config)
-    llama.load_state_dict(_native_to_llama(state, model.cfg.tie_embeddings), assign=True, strict=True)
+    llama_state = _native_to_llama(state, model.cfg.tie_embeddings)
+    llama.load_state_dict(llama_state, assign=True, strict=True)
     llama.tie_weights()
     llama.save_pretrained(out)
     save_byte_tokenizer(out)

@@ -210,28 +210,33 @@ def load_pretrained(
 
 
 def build_pretrained(cfg: HFModelConfig, spec: JobSpec) -> PretrainedLM:
-    """The spec's pretrained model, unsharded, fp32, with its overrides (and checkpointing when asked)."""
+    """The spec's pretrained model, unsharded, fp32, with its overrides (checkpointing if asked)."""
     model = load_pretrained(cfg.path, dtype=torch.float32, **cfg.overrides())
     if spec.train.activation_checkpointing:
-        model.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        no_reentrant = {"use_reentrant": False}
+        model.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=no_reentrant)
     return model
 
 
 def construct_pretrained(cfg: HFModelConfig) -> PretrainedLM:
-    """The architecture from config.json plus overrides, randomly initialised (weights come later)."""
+    """The architecture from config.json plus overrides, randomly initialised (weights: later)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     register_ring_attention()
     config = AutoConfig.for_model(**pretrained_config(cfg.path, **cfg.overrides()))
-    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=ATTN_NAME)
+    hf = AutoModelForCausalLM.from_config(
+        config,
+        dtype=torch.float32,
+        attn_implementation=ATTN_NAME,
+    )
     return PretrainedLM(hf, source_dir=cfg.path)
 
 
 def load_pretrained_shards(model: PretrainedLM, cfg: HFModelConfig, spec: JobSpec) -> None:
-    """Fill a sharded (or plain) model's allocated parameters from the directory's safetensors files.
+    """Fill a sharded (or plain) model's allocated parameters from the directory's safetensors.
 
-    DCP's `HuggingFaceStorageReader` reads only the byte ranges of this rank's shards (dtype converted
-    on the fly); a tied LM head is the input embedding, which checkpoints store once."""
+    DCP's `HuggingFaceStorageReader` reads only the byte ranges of this rank's shards (dtype
+    converted on the fly); a tied LM head is the input embedding, which checkpoints store once."""
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load

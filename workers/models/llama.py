@@ -244,15 +244,17 @@ def build_model(cfg: ModelConfig, seed: int, activation_checkpointing: bool = Fa
 
 @torch.no_grad()
 def init_shards(model: Transformer, cfg: ModelConfig, spec: JobSpec) -> None:
-    """Fill a sharded (or plain) model's allocated parameters from `train.seed`, as `build_model` would.
+    """Fill a sharded (or plain) model's allocated parameters from `train.seed`, like `build_model`.
 
-    Each parameter's full initial value is drawn in `named_parameters` order and the rank keeps its slice,
-    so the model is the same on any world size, at the cost of one full parameter at a time in memory."""
+    Each parameter's full initial value is drawn in `named_parameters` order and the rank keeps its
+    slice, so the model is the same on any world size, at the cost of one full parameter at a time
+    in host memory."""
     generator = torch.Generator().manual_seed(spec.train.seed)
     for name, p in model.named_parameters():
         full = model.init_value(name, p.shape, generator)
         if isinstance(p, DTensor):
-            full = distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+            mesh, placements = p.device_mesh, p.placements
+            full = distribute_tensor(full.to(p.device), mesh, placements, src_data_rank=None)
             p.to_local().copy_(full.to_local())
         else:
             p.copy_(full)

@@ -1,4 +1,4 @@
-"""The model registry: one `ModelKind` per `model.kind`, the one place that knows what differs between kinds.
+"""The model registry: one `ModelKind` per `model.kind`, the one place that knows how kinds differ.
 
 Every site that needs a kind's own behaviour looks its entry up here instead of branching on kind
 strings or model classes: `model_for` (an unsharded model for tools and tests), the trainer's
@@ -26,7 +26,12 @@ from workers.config import MODEL_CONFIGS, HFModelConfig, JobSpec, ModelConfig
 from workers.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from workers.models.base import RingModel
 from workers.models.export import write_native, write_pretrained
-from workers.models.hf import PretrainedLM, build_pretrained, construct_pretrained, load_pretrained_shards
+from workers.models.hf import (
+    PretrainedLM,
+    build_pretrained,
+    construct_pretrained,
+    load_pretrained_shards,
+)
 from workers.models.llama import Transformer, build_model
 from workers.models.llama import init_shards as init_native_shards
 
@@ -36,16 +41,19 @@ M = TypeVar("M", bound=RingModel)
 
 @dataclass(frozen=True)
 class ModelKind(Generic[C, M]):
-    """Everything ringtrain does differently for one model kind. Hooks get the spec's typed `model` section
-    (`C`) and, where they need more (seed, checkpointing), the whole spec."""
+    """Everything ringtrain does differently for one model kind. Hooks get the spec's typed `model`
+    section (`C`) and, where they need more (seed, checkpointing), the whole spec."""
 
     name: str  # the spec's `model.kind`
     config: type[C]  # the spec's `model` section for this kind (`workers.config`, torch-free)
     model_class: type[M]  # what `build` and `construct` return
     build: Callable[[C, JobSpec], M]  # unsharded, fp32 on CPU, weights in place, ready to run
-    construct: Callable[[C], M]  # the architecture alone (`skeleton` runs it with parameters on meta)
-    load_shards: Callable[[M, C, JobSpec], None]  # fill this rank's allocated (possibly sharded) params
-    export: Callable[[M, dict[str, torch.Tensor], Path, int], None]  # full state -> transformers dir
+    # the architecture alone (`skeleton` runs it with parameters on meta)
+    construct: Callable[[C], M]
+    # fill this rank's allocated (possibly sharded) parameters
+    load_shards: Callable[[M, C, JobSpec], None]
+    # the full state -> a transformers directory
+    export: Callable[[M, dict[str, torch.Tensor], Path, int], None]
     tokenizer: Callable[[C], Tokenizer]  # what data and evals encode text with
 
 
@@ -53,13 +61,13 @@ _KINDS: dict[str, ModelKind[Any, Any]] = {}
 
 
 def register_model_kind(kind: ModelKind[Any, Any]) -> None:
-    """Add a kind. Its name must already map to its config class in `workers.config.MODEL_CONFIGS`."""
+    """Add a kind. Its name must already map to its config class in `config.MODEL_CONFIGS`."""
     if kind.name in _KINDS:
         raise ValueError(f"model kind {kind.name!r} is registered already")
     if MODEL_CONFIGS.get(kind.name) is not kind.config:
         raise ValueError(
-            f"model kind {kind.name!r}: workers.config.MODEL_CONFIGS must map it to {kind.config.__name__} "
-            "(add the class to ModelSection)"
+            f"model kind {kind.name!r}: workers.config.MODEL_CONFIGS must map it to "
+            f"{kind.config.__name__} (add the class to ModelSection)"
         )
     _KINDS[kind.name] = kind
 
@@ -130,4 +138,11 @@ register_model_kind(
     )
 )
 
-__all__ = ["ModelKind", "kind_for", "kind_of", "model_kind", "register_model_kind", "registered_kinds"]
+__all__ = [
+    "ModelKind",
+    "kind_for",
+    "kind_of",
+    "model_kind",
+    "register_model_kind",
+    "registered_kinds",
+]

@@ -1,14 +1,14 @@
 """Meta-device models: built without memory, sharded, then each rank materialises and fills only its shards.
 
-`skeleton(spec)` builds the job's model (its kind's `construct` hook, `workers.models.registry`) with
-every parameter on `meta` (buffers stay real: RoPE's `inv_freq` is computed in `__init__` and is in no
-checkpoint). After `parallelize` has sharded it, `materialize` allocates the local shards on the device
-and the kind's `load_shards` hook fills them:
+`skeleton(spec)` builds the job's model (its kind's `construct` hook, `workers.models.registry`)
+with every parameter on `meta` (buffers stay real: RoPE's `inv_freq` is computed in `__init__` and
+is in no checkpoint). After `parallelize` has sharded it, `materialize` allocates the local shards
+on the device and the kind's `load_shards` hook fills them:
 
-- native (`llama.init_shards`): each parameter's full initial value is drawn from the seed exactly as
-  `build_model` draws it and the rank keeps its slice, so the model is the same on any world size;
-- pretrained (`hf.load_pretrained_shards`): DCP's `HuggingFaceStorageReader` reads only the byte ranges
-  of this rank's shards from the safetensors files.
+- native (`llama.init_shards`): each parameter's full initial value is drawn from the seed exactly
+  as `build_model` draws it and the rank keeps its slice, so the model is the same on any world;
+- pretrained (`hf.load_pretrained_shards`): DCP's `HuggingFaceStorageReader` reads only the byte
+  ranges of this rank's shards from the safetensors files.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def materialize(model: nn.Module, spec: JobSpec, device: torch.device) -> None:
     """Allocate this rank's shards on `device` and fill them (from the seed, or the pretrained files)."""
     kind = kind_for(spec)
     if not isinstance(model, kind.model_class):
-        raise TypeError(f"model.kind {kind.name!r} trains a {kind.model_class.__name__}, not a {type(model).__name__}")
+        built = kind.model_class.__name__
+        raise TypeError(f"model.kind {kind.name!r} trains a {built}, not a {type(model).__name__}")
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     tied = _tied_groups(model)
     model.to_empty(device=device)
