@@ -1,6 +1,8 @@
 """Pretrained models on the ring equal transformers on one process: logits and parameter gradients.
 
-Reference: the same checkpoint in transformers with eager attention on the whole sequence (fp32).
+Reference: the same checkpoint in transformers with eager attention on the whole sequence (fp32),
+its config built here from config.json with the overrides applied by hand: never by the code under
+test (`pretrained_config`), which would make a dropped override invisible.
 Each family (llama, mistral, qwen2, qwen3) appears with GQA or MQA, q/k/v biases, qwen3's q/k norms,
 tied and untied heads, and each RoPE scaling variant (linear, dynamic, yarn, llama3), from config.json
 or from load-time overrides; rings of 2, 3 and 4 processes (gloo), zigzag, striped and contiguous.
@@ -9,6 +11,7 @@ or from load-time overrides; rings of 2, 3 and 4 processes (gloo), zigzag, strip
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +77,40 @@ def _tokens(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(3))
 
 
-def _reference(path: Path, overrides: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """transformers itself, eager attention, whole sequence, one process."""
+def _reference_model(path: Path, overrides: dict[str, Any]) -> Any:
+    """transformers itself, eager attention, from config.json with the overrides applied by hand.
+
+    What an override means: `rope_scaling` replaces the scaling and keeps the base frequency (yarn
+    and llama3 get config.json's max_position_embeddings as the pretraining context unless they
+    name it), `rope_theta` replaces the base frequency, `max_position_embeddings` the context.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from workers.config import pretrained_config
+    raw = json.loads((path / "config.json").read_text())
+    rope = dict(raw["rope_parameters"])  # transformers 5 writes RoPE as one dict, rope_theta inside
+    if "rope_scaling" in overrides:
+        rope = {"rope_theta": rope["rope_theta"], **overrides["rope_scaling"]}
+        if rope["rope_type"] in ("yarn", "llama3"):
+            rope.setdefault("original_max_position_embeddings", raw["max_position_embeddings"])
+    if "rope_theta" in overrides:
+        rope["rope_theta"] = overrides["rope_theta"]
+    if "max_position_embeddings" in overrides:
+        raw["max_position_embeddings"] = overrides["max_position_embeddings"]
+    config = AutoConfig.for_model(**{**raw, "rope_parameters": rope})
+    return AutoModelForCausalLM.from_pretrained(
+        path,
+        config=config,
+        attn_implementation="eager",
+        dtype=torch.float32,
+    )
 
-    config = AutoConfig.for_model(**pretrained_config(str(path), **overrides))
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, attn_implementation="eager", dtype=torch.float32)
+
+def _reference(
+    path: Path,
+    overrides: dict[str, Any],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """transformers itself, eager attention, whole sequence, one process."""
+    model = _reference_model(path, overrides)
     vocab = model.config.vocab_size
     logits = model(_tokens(vocab), position_ids=torch.arange(SEQ)[None].expand(BATCH, -1)).logits
     (logits * _loss_weights(vocab)).sum().backward()
@@ -148,3 +177,36 @@ def test_ring_equals_transformers(world: int, checkpoints: dict[str, Path], refe
             assert max(errs) <= TOL, f"{name} {layout} ring {world}: relative error {max(errs):.2e}"
             worst[name] = max(worst.get(name, 0.0), *errs)
     print(f"ring {world}: worst relative error per case:", {k: f"{v:.1e}" for k, v in worst.items()})
+
+
+# name -> (family, config.json fields, the override under test)
+OVERRIDES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "rope_theta": ("qwen3", {}, {"rope_theta": 50000.0}),
+    # dynamic NTK scales only past max_position_embeddings: 24 < SEQ < 256 (config.json's)
+    "max_position_embeddings": (
+        "llama",
+        {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
+        {"max_position_embeddings": 24},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", OVERRIDES)
+def test_each_override_reaches_the_model(name: str, tmp_path: Path) -> None:
+    """One process, whole sequence: `load_pretrained` with an override equals transformers with that
+    override applied by hand, and differs from the model without it (a dropped override fails)."""
+    from workers.models import load_pretrained
+
+    family, cfg, overrides = OVERRIDES[name]
+    path = write_checkpoint(tmp_path / name, family, **cfg)
+    positions = torch.arange(SEQ)
+    position_ids = positions[None].expand(BATCH, -1)
+    with torch.no_grad():
+        model = load_pretrained(path, **overrides)
+        tokens = _tokens(model.config.vocab_size)
+        ours = model(tokens, positions)
+        theirs = _reference_model(path, overrides)(tokens, position_ids=position_ids).logits
+        without = _reference_model(path, {})(tokens, position_ids=position_ids).logits
+    blind = f"the {name} override does not change this model: the test is blind"
+    assert _rel(without, theirs) > 1e-2, blind
+    assert _rel(ours, theirs) <= TOL, f"{name} override: relative error {_rel(ours, theirs):.2e}"

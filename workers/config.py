@@ -8,7 +8,7 @@ the API can answer 422 naming it.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -83,6 +83,17 @@ class ModelConfig(StrictModel):
         if self.head_dim % 2:
             _fail("d_model", self.d_model, f"head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE")
         return self
+
+    def spec_problems(self, spec: JobSpec) -> list[tuple[str, Any, str]]:
+        """What this kind refuses in the rest of `spec`, as (field path, value, message)."""
+        if self.vocab_size < 256 and spec.data.kind in ("passkey", "text"):
+            why = "the byte-level tokenizer needs model.vocab_size >= 256"
+            return [("model.vocab_size", self.vocab_size, why)]
+        return []
+
+    def rope_context(self) -> int | None:
+        """None: the native decoder's RoPE was never trained on a limited context (no warning)."""
+        return None
 
 
 class CurriculumStage(StrictModel):
@@ -323,6 +334,36 @@ class HFModelConfig(StrictModel):
     def tie_embeddings(self) -> bool:
         return bool(self.hf_config.get("tie_word_embeddings", False))
 
+    def spec_problems(self, spec: JobSpec) -> list[tuple[str, Any, str]]:
+        """What the ring cannot compute exactly for this model in `spec`: a sliding window shorter
+        than the contexts, heads a Ulysses group cannot split. Needs config.json (else: nothing)."""
+        if not self.shape_known:
+            return []
+        problems: list[tuple[str, Any, str]] = []
+        window = self.sliding_window()
+        longest = max([spec.data.seq_len, *spec.eval_context_lengths()])
+        if window is not None and window < longest:
+            problems.append(
+                (
+                    "data.seq_len",
+                    spec.data.seq_len,
+                    f"the model's sliding_window ({window}) is shorter than the {longest}-token "
+                    "contexts; ring attention computes full causal attention, so this model cannot "
+                    "be trained exactly at this length",
+                )
+            )
+        ulysses = getattr(spec.parallel, "ulysses_size", 1)
+        if self.n_heads % ulysses:
+            problems.append(
+                (
+                    "parallel.ulysses_size",
+                    ulysses,
+                    f"the model's num_attention_heads ({self.n_heads}) must be divisible by "
+                    f"parallel.ulysses_size ({ulysses})",
+                )
+            )
+        return problems
+
     def rope_context(self) -> int:
         """Tokens the RoPE settings cover: max_position_embeddings, or factor × the pretraining context."""
         c = self.hf_config
@@ -346,6 +387,18 @@ class HFModelConfig(StrictModel):
             else []
         )
         return int(window) if "sliding_attention" in layer_types else None
+
+
+ModelSection: TypeAlias = ModelConfig | HFModelConfig
+"""A job's `model` section: one config class per model kind, told apart by its `kind` literal."""
+
+MODEL_CONFIGS: dict[str, type[ModelSection]] = {
+    get_args(cls.model_fields["kind"].annotation)[0]: cls for cls in get_args(ModelSection)
+}
+"""model.kind -> its config class: the torch-free half of the model registry, which the control
+plane validates specs with (`workers.models.registry` holds the rest and checks it against this).
+A new kind adds its config class to `ModelSection`; every kind's class has `kind: Literal[name]`,
+`spec_problems(spec)` and `rope_context()`, plus the size properties the planner reads."""
 
 
 def read_config_json(path: str) -> dict[str, Any]:
@@ -429,11 +482,9 @@ def pretrained_config(
 
 def rope_coverage_warning(spec: JobSpec) -> str | None:
     """A `plan` warning when training/eval contexts exceed what the pretrained model's RoPE settings cover."""
-    if spec.model.kind != "hf":
-        return None
-    longest = max([spec.data.seq_len, *spec.eval_context_lengths()])
     covered = spec.model.rope_context()
-    if longest <= covered:
+    longest = max([spec.data.seq_len, *spec.eval_context_lengths()])
+    if covered is None or longest <= covered:
         return None
     return (
         f"contexts up to {longest} tokens exceed the {covered} that the model's RoPE settings cover; "
@@ -443,7 +494,7 @@ def rope_coverage_warning(spec: JobSpec) -> str | None:
 
 class JobSpec(StrictModel):
     name: str = Field(..., min_length=1, max_length=128)
-    model: ModelConfig | HFModelConfig = Field(default_factory=ModelConfig)
+    model: ModelSection = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=PasskeyData)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -464,40 +515,24 @@ class JobSpec(StrictModel):
 
     @field_validator("model", mode="wrap")
     @classmethod
-    def _model_kind(cls, v: Any, handler: Any, info: Any) -> ModelConfig | HFModelConfig:
+    def _model_kind(cls, v: Any, handler: Any, info: Any) -> ModelSection:
         """`kind` picks the class (native when absent) so errors stay at `model.<field>`, with no union tag."""
         if isinstance(v, dict):
             kind = v.get("kind", "native")
-            if kind not in ("native", "hf"):
-                _fail("kind", kind, f"model.kind must be 'native' or 'hf', got {kind!r}")
-            model_cls = HFModelConfig if kind == "hf" else ModelConfig
-            return model_cls.model_validate(v, context=info.context)
-        if isinstance(v, ModelConfig | HFModelConfig):
+            model_cls = MODEL_CONFIGS.get(kind) if isinstance(kind, str) else None
+            if model_cls is not None:
+                return model_cls.model_validate(v, context=info.context)
+            known = " or ".join(repr(k) for k in MODEL_CONFIGS)
+            _fail("kind", kind, f"model.kind must be {known}, got {kind!r}")
+        if isinstance(v, ModelSection):
             return v
         raise PydanticCustomError("dict_type", "Input should be a valid dictionary (the model section)")
 
     @model_validator(mode="after")
-    def _pretrained_fits(self) -> JobSpec:
-        """A pretrained model's attention must be what the ring computes: full causal, heads split as asked."""
-        m = self.model
-        if m.kind != "hf" or not m.shape_known:
-            return self
-        window = m.sliding_window()
-        longest = max([self.data.seq_len, *self.eval_context_lengths()])
-        if window is not None and window < longest:
-            _fail(
-                "data.seq_len",
-                self.data.seq_len,
-                f"the model's sliding_window ({window}) is shorter than the {longest}-token contexts; ring attention "
-                "computes full causal attention, so this model cannot be trained exactly at this length",
-            )
-        ulysses = getattr(self.parallel, "ulysses_size", 1)
-        if m.n_heads % ulysses:
-            _fail(
-                "parallel.ulysses_size",
-                ulysses,
-                f"the model's num_attention_heads ({m.n_heads}) must be divisible by parallel.ulysses_size ({ulysses})",
-            )
+    def _model_fits(self) -> JobSpec:
+        """Each model kind's own rules about the rest of the job (a pretrained sliding window)."""
+        for path, value, message in self.model.spec_problems(self):
+            _fail(path, value, message)
         return self
 
     @model_validator(mode="after")
@@ -525,8 +560,6 @@ class JobSpec(StrictModel):
             _fail("parallel.ring_size", p.ring_size, f"ring_size × data_parallel × ulysses_size must be ≤ {MAX_WORLD}")
         if self.train.warmup_steps > self.train.steps:
             _fail("train.warmup_steps", self.train.warmup_steps, "train.warmup_steps must be ≤ train.steps")
-        if self.model.kind == "native" and self.model.vocab_size < 256 and self.data.kind in ("passkey", "text"):
-            _fail("model.vocab_size", self.model.vocab_size, "the byte-level tokenizer needs model.vocab_size ≥ 256")
         for i, length in enumerate(self.eval.context_lengths or []):
             if length < 64 or length > MAX_SEQ_LEN or length % need:
                 _fail(
@@ -564,7 +597,7 @@ def seq_multiple(layout: str, ring_size: int, ulysses_size: int = 1) -> int:
     return ParallelDims(ring_size=ring_size, ulysses_size=ulysses_size).seq_divisor(layout)
 
 
-def ulysses_heads_problem(model: ModelConfig | HFModelConfig, ulysses_size: int) -> str | None:
+def ulysses_heads_problem(model: ModelSection, ulysses_size: int) -> str | None:
     """Why these heads cannot be split over a Ulysses group (`workers.attention.ulysses`' GQA rule), or None."""
     h, kv, u = model.n_heads, model.kv_heads, ulysses_size
     if u == 1:
@@ -614,6 +647,7 @@ def load_spec(text: str) -> JobSpec:
 
 __all__ = [
     "MAX_SEQ_LEN",
+    "MODEL_CONFIGS",
     "SKIP_FILE_CHECKS",
     "CheckpointConfig",
     "CurriculumStage",
@@ -623,6 +657,7 @@ __all__ = [
     "JobSpec",
     "Layout",
     "ModelConfig",
+    "ModelSection",
     "ParallelConfig",
     "PasskeyData",
     "ResourcesConfig",

@@ -128,10 +128,11 @@ def load_tokenizer(path: str) -> HFTokenizer:
 
 
 def tokenizer_for(spec: JobSpec) -> Tokenizer:
-    """The tokenizer a job's data and evals use: the model directory's for `model.kind: hf`, bytes otherwise."""
-    if getattr(spec.model, "kind", "native") == "hf":
-        return load_tokenizer(str(spec.model.path))  # type: ignore[union-attr]
-    return ByteTokenizer()
+    """The tokenizer a job's data and evals use, its model kind's (`workers.models.registry`): the
+    model directory's own for `model.kind: hf`, bytes for native models."""
+    from workers.models.registry import kind_for  # imported here: the registry imports this module
+
+    return kind_for(spec).tokenizer(spec.model)
 
 
 __all__ = [

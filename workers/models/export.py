@@ -1,6 +1,9 @@
 """Export any ringtrain model as a Hugging Face directory that transformers reads back with the same logits.
 
-Pretrained models are transformers models already: their own `save_pretrained` plus the source
+`save_pretrained` does what every kind shares (gather a sharded model, write beside the target,
+rename); what the directory holds is the model kind's `export` hook (`workers.models.registry`).
+The two here:
+pretrained models are transformers models already: their own `save_pretrained` plus the source
 tokenizer. The native decoder maps 1:1 onto `LlamaForCausalLM` (RMSNorm, rotate-half RoPE with the
 same inverse frequencies, SwiGLU, GQA) and ships a byte-level tokenizer whose ids are UTF-8 bytes, as
 in training. A sharded model (DTensor parameters, FSDP2) is gathered collectively; rank 0 writes.
@@ -103,7 +106,10 @@ def save_pretrained(model: nn.Module, out_dir: str | Path, *, max_position_embed
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    _write(model, state, staging, max_position_embeddings or DEFAULT_MAX_POSITIONS)
+    # imported here: the registry imports this module's writers
+    from workers.models.registry import kind_of
+
+    kind_of(model).export(model, state, staging, max_position_embeddings or DEFAULT_MAX_POSITIONS)
     old = out.with_name(out.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if out.exists():  # out of sight before it is deleted: a crash mid-delete must not leave half an export
@@ -113,22 +119,34 @@ def save_pretrained(model: nn.Module, out_dir: str | Path, *, max_position_embed
     return out
 
 
-def _write(model: nn.Module, state: dict[str, torch.Tensor], out: Path, max_position_embeddings: int) -> None:
-    if isinstance(model, PretrainedLM):
-        hf_state = {k.removeprefix("hf."): v for k, v in state.items()}
-        model.hf.save_pretrained(out, state_dict=hf_state)
-        if model.source_dir is not None:
-            load_tokenizer(model.source_dir).save_pretrained(out)
-        return
-    if isinstance(model, Transformer):
-        from transformers import LlamaForCausalLM
+def write_pretrained(
+    model: PretrainedLM,
+    state: dict[str, torch.Tensor],
+    out: Path,
+    max_positions: int,
+) -> None:
+    """transformers' own `save_pretrained` with the trained weights, plus the source's tokenizer.
+    (`max_positions` is unused: config.json already records the model's context.)"""
+    hf_state = {k.removeprefix("hf."): v for k, v in state.items()}
+    model.hf.save_pretrained(out, state_dict=hf_state)
+    if model.source_dir is not None:
+        load_tokenizer(model.source_dir).save_pretrained(out)
 
-        config = llama_config_for(model, max_position_embeddings)
-        with torch.device("meta"):
-            llama = LlamaForCausalLM(config)
-        llama.load_state_dict(_native_to_llama(state, model.cfg.tie_embeddings), assign=True, strict=True)
-        llama.tie_weights()
-        llama.save_pretrained(out)
-        save_byte_tokenizer(out)
-        return
-    raise TypeError(f"cannot export a {type(model).__name__}: expected a ringtrain Transformer or PretrainedLM")
+
+def write_native(
+    model: Transformer,
+    state: dict[str, torch.Tensor],
+    out: Path,
+    max_positions: int,
+) -> None:
+    """The native decoder as a `LlamaForCausalLM` (same math) with a byte-level tokenizer."""
+    from transformers import LlamaForCausalLM
+
+    config = llama_config_for(model, max_positions)
+    with torch.device("meta"):
+        llama = LlamaForCausalLM(config)
+    llama_state = _native_to_llama(state, model.cfg.tie_embeddings)
+    llama.load_state_dict(llama_state, assign=True, strict=True)
+    llama.tie_weights()
+    llama.save_pretrained(out)
+    save_byte_tokenizer(out)

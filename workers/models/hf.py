@@ -24,7 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from workers.config import pretrained_config
+from workers.config import HFModelConfig, JobSpec, pretrained_config
+from workers.models.base import RingModel
 from workers.models.llama import SequenceParallel
 
 if TYPE_CHECKING:  # transformers is imported lazily at run time (heavy); only its types are needed here
@@ -83,7 +84,7 @@ def register_ring_attention() -> None:
     AttentionMaskInterface.register(ATTN_NAME, _no_mask)
 
 
-class PretrainedLM(nn.Module):
+class PretrainedLM(RingModel):
     """A transformers causal LM behind ringtrain's model interface.
 
     `forward(tokens [batch, seq_local], positions [seq_local]) -> fp32 logits [batch, seq_local, vocab]`,
@@ -206,3 +207,48 @@ def load_pretrained(
         str(path), config=config, dtype=dtype, attn_implementation=ATTN_NAME, local_files_only=True
     )
     return PretrainedLM(hf, source_dir=str(path))
+
+
+def build_pretrained(cfg: HFModelConfig, spec: JobSpec) -> PretrainedLM:
+    """The spec's pretrained model, unsharded, fp32, with its overrides (checkpointing if asked)."""
+    model = load_pretrained(cfg.path, dtype=torch.float32, **cfg.overrides())
+    if spec.train.activation_checkpointing:
+        no_reentrant = {"use_reentrant": False}
+        model.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=no_reentrant)
+    return model
+
+
+def construct_pretrained(cfg: HFModelConfig) -> PretrainedLM:
+    """The architecture from config.json plus overrides, randomly initialised (weights: later)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    register_ring_attention()
+    config = AutoConfig.for_model(**pretrained_config(cfg.path, **cfg.overrides()))
+    hf = AutoModelForCausalLM.from_config(
+        config,
+        dtype=torch.float32,
+        attn_implementation=ATTN_NAME,
+    )
+    return PretrainedLM(hf, source_dir=cfg.path)
+
+
+def load_pretrained_shards(model: PretrainedLM, cfg: HFModelConfig, spec: JobSpec) -> None:
+    """Fill a sharded (or plain) model's allocated parameters from the directory's safetensors.
+
+    DCP's `HuggingFaceStorageReader` reads only the byte ranges of this rank's shards (dtype
+    converted on the fly); a tied LM head is the input embedding, which checkpoints store once."""
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+    reader = HuggingFaceStorageReader(cfg.path)
+    on_disk = set(reader.read_metadata().state_dict_metadata)
+    tied = bool(getattr(model.hf.config, "tie_word_embeddings", False))
+    state: dict[str, Any] = {}
+    for key, value in get_model_state_dict(model).items():
+        name = key.removeprefix("hf.")
+        if name in on_disk:
+            state[name] = value
+        elif not (tied and name == "lm_head.weight"):
+            raise ValueError(f"{cfg.path}: no weights for {name!r} in the safetensors files")
+    dcp_load(state, storage_reader=reader)

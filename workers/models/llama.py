@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
 from workers import attention
-from workers.config import ModelConfig
+from workers.config import JobSpec, ModelConfig
+from workers.models.base import RingModel
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Transformer(nn.Module):
+class Transformer(RingModel):
     """tokens [batch, seq_local] + global positions [seq_local] → logits [batch, seq_local, vocab] (fp32)."""
 
     def __init__(self, cfg: ModelConfig, activation_checkpointing: bool = False) -> None:
@@ -238,6 +240,24 @@ def build_model(cfg: ModelConfig, seed: int, activation_checkpointing: bool = Fa
     model = Transformer(cfg, activation_checkpointing)
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
+
+
+@torch.no_grad()
+def init_shards(model: Transformer, cfg: ModelConfig, spec: JobSpec) -> None:
+    """Fill a sharded (or plain) model's allocated parameters from `train.seed`, like `build_model`.
+
+    Each parameter's full initial value is drawn in `named_parameters` order and the rank keeps its
+    slice, so the model is the same on any world size, at the cost of one full parameter at a time
+    in host memory."""
+    generator = torch.Generator().manual_seed(spec.train.seed)
+    for name, p in model.named_parameters():
+        full = model.init_value(name, p.shape, generator)
+        if isinstance(p, DTensor):
+            mesh, placements = p.device_mesh, p.placements
+            full = distribute_tensor(full.to(p.device), mesh, placements, src_data_rank=None)
+            p.to_local().copy_(full.to_local())
+        else:
+            p.copy_(full)
 
 
 def attention_backend(device: torch.device) -> str:
