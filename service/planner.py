@@ -1,6 +1,6 @@
 """Dry-run planning of a job spec against a cluster snapshot: placement preview and memory estimate.
 
-Nothing is reserved. The placement simulation mirrors what the driver does (SPEC §4): one bundle per
+Nothing is reserved. The placement simulation mirrors what the driver does: one bundle per
 rank; STRICT_PACK when the whole job fits one node, else PACK (fill the nodes with the most free
 capacity first); ranks are then ordered node by node, device id ascending, and the number of ring
 edges that cross a node boundary is counted per ring.

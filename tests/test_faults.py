@@ -107,9 +107,9 @@ def stored_points(c: httpx.Client, jid: str) -> list[dict[str, Any]]:
             return out
 
 
-# What the trainer emits, from the spec's metric contract (SPEC §"metrics"), not from what was stored.
+# What the trainer emits (ARCHITECTURE.md, "Contracts"), never derived from what was stored.
 GLOBAL_EVERY_STEP = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")  # rank None, every step 1..N
-# every rank, every step 1..N (SPEC asks `state_bytes` at least once per rank; the trainer sends it every step)
+# every rank, every step 1..N (`state_bytes`: at least once is promised; it is sent every step)
 PER_RANK_EVERY_STEP = ("mem_peak_bytes", "state_bytes")
 
 

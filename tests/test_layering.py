@@ -1,4 +1,5 @@
-"""The import rules of SPEC §1: api -> service -> workers, and service sees only workers' schemas."""
+"""The import rules (ARCHITECTURE.md, "Contracts"): api -> service -> workers, and service sees only
+workers' schemas."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""`ringtrain serve` and its private Ray head: the head stops with serve on SIGINT and SIGTERM and never outlives
-it (SIGKILL included), and a restarted serve continues the jobs it had from their checkpoints (SPEC §4).
+"""`ringtrain serve` and its private Ray head: the head stops with serve on SIGINT and SIGTERM and
+never outlives it (SIGKILL included), and a restarted serve continues the jobs it had from their
+checkpoints (ARCHITECTURE.md, "Contracts").
 
 Ray's own processes are found as descendants of serve and by the head's unique temp dir on their command lines;
 after each signal none may be left running.
