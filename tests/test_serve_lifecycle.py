@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import psutil
 import pytest
 
 from tests.dist import free_port
+from tests.test_faults import each_key_once, stored_points
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "serve-lifecycle-token"
@@ -165,11 +165,5 @@ def test_a_restarted_serve_continues_its_jobs_from_their_checkpoints(serve: Serv
     assert "does not know" in retry["reason"] and "no restart used" in retry["reason"], retry
     resumed = next(t for t in job["transitions"] if t["seq"] > retry["seq"] and t.get("resume_step") is not None)
     assert resumed["resume_step"] == newest_at_kill, (resumed, newest_at_kill)
-    points = client.get(f"/v1/jobs/{jid}/metrics", params={"limit": 10000}).json()
-    points = points["points"] if isinstance(points, dict) else points
-    keys = Counter((p["step"], p["name"], p.get("rank")) for p in points)
-    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1][:10]
-    assert sorted(s for s, n, r in keys if n == "loss") == list(range(1, steps + 1))
-    assert {(s, r) for s, n, r in keys if n == "mem_peak_bytes"} == {
-        (s, r) for s in range(1, steps + 1) for r in (0, 1)
-    }
+    # every (step, name, rank) the spec implies, exactly once, across the kill and the resume
+    each_key_once(stored_points(client, jid), spec)
