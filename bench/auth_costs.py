@@ -1,10 +1,11 @@
-"""What the control plane's guards cost per request: a rate-limit `take()`, the token lookup with hashed
-entries, and one audit row written to SQLite (WAL), each against a reference timed in the same run.
+"""What the control plane's guards cost per request: a rate-limit `take()`, the token lookup with
+hashed entries, and one audit row written to SQLite (WAL), each beside a reference timed in the
+same run.
 
     .venv/bin/python -m bench.auth_costs [--n 20000] [--rows 500]
 
-Prints medians of 5 repetitions; RELIABILITY.md ("Security") quotes this table. Timings on a shared machine
-move between runs: read the ratios, not the microseconds.
+Prints medians of 5 repetitions; RELIABILITY.md ("Security") quotes this table. Timings on a
+shared machine move between runs: read the ratios, not the microseconds.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=500, help="audit rows per timing")
     args = ap.parse_args(argv)
 
-    limiter = RateLimiter({"api": Limit(rate=1e9, burst=10**9)})  # never refuses: the cost of passing
+    # never refuses: the cost of a request that passes
+    limiter = RateLimiter({"api": Limit(rate=1e9, burst=10**9)})
     take = per_call(lambda: limiter.take("api", "token-a"), args.n)
     noop = per_call(lambda: None, args.n)
 
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(f"{'measure':30} {'cost':>12} {'reference':28} {'ref cost':>12} {'ratio':>8}")
     for name, cost, ref, ref_cost in rows:
-        print(f"{name:30} {cost * 1e6:10.2f}us {ref:28} {ref_cost * 1e6:10.2f}us {cost / ref_cost:8.1f}")
+        us, ref_us = cost * 1e6, ref_cost * 1e6
+        print(f"{name:30} {us:10.2f}us {ref:28} {ref_us:10.2f}us {cost / ref_cost:8.1f}")
 
 
 if __name__ == "__main__":

@@ -184,8 +184,9 @@ def test_bad_cu_seqlens_raise_value_error(cu, message: str) -> None:  # type: ig
 
 # -- the packed (varlen) path: what flash-attn's varlen kernels run on CUDA, exercised on CPU ---------------------
 def packed_vs_reference(rank: int, world: int, cases: list[dict]) -> dict[str, Any]:
-    """`doc_ring_vs_reference` with the packed path forced (RINGTRAIN_ATTN_VARLEN=loop, inherited by each rank),
-    plus the block-kernel calls that really ran on this rank, by strategy, and the calls the packs imply."""
+    """`doc_ring_vs_reference` with the packed path forced (RINGTRAIN_ATTN_VARLEN=loop, inherited
+    by each rank), plus the block-kernel calls that really ran on this rank, by strategy, and the
+    calls the packs imply."""
     assert isinstance(select_varlen(torch.device("cpu"), torch.float64, 8), LoopVarlen)
     before = Counter(kernel_calls)
     results = doc_ring_vs_reference(rank, world, cases)
@@ -196,16 +197,19 @@ def packed_vs_reference(rank: int, world: int, cases: list[dict]) -> dict[str, A
         docs = documents(torch.tensor(c["cu_seqlens"], dtype=torch.int32), c["b"], c["s"])
         steps = ring_packs(c["layout"], c["causal"], rank, world, c["s"] // world, docs, c["b"])
         packs += sum(len(step) for step in steps)
-    return {"results": results, "calls": {"/".join(k): n for k, n in ran.items() if n}, "packs": packs}
+    calls = {"/".join(k): n for k, n in ran.items() if n}
+    return {"results": results, "calls": calls, "packs": packs}
 
 
 @pytest.mark.parametrize("world", [1, 3])
 def test_packed_varlen_path_matches_reference(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each ring step as at most two varlen calls (gather, merge, scatter) is as exact as the per-block path, and
-    that path is the one that ran: on every rank, one packed call per pack each way and no per-block call."""
+    """Each ring step as at most two varlen calls (gather, merge, scatter) is as exact as the
+    per-block path, and that path is the one that ran: on every rank, one packed call per pack
+    each way and no per-block call."""
     monkeypatch.setenv("RINGTRAIN_ATTN_VARLEN", "loop")
     cases = [c for c in _cases(world) if c["dtype"] == torch.float64 or c["name"] == "per row"]
-    ranks = [packed_vs_reference(0, 1, cases)] if world == 1 else run_distributed(packed_vs_reference, world, cases)
+    run = run_distributed if world > 1 else lambda fn, _, *a: [fn(0, 1, *a)]
+    ranks = run(packed_vs_reference, world, cases)
     assert len(ranks) == world
     for rank, got in enumerate(ranks):
         _check(got["results"])

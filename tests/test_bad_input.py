@@ -542,9 +542,9 @@ def test_report_route_bad_input(tmp_path: Path) -> None:
 
 # ---- the CLI ---------------------------------------------------------------------------------------------
 def test_cli_submit_yaml_bomb_exits_fast(tmp_path: Path) -> None:
-    """`ringtrain submit bomb.yaml` (a real process) exits non-zero with a message naming aliases, and
-    nothing reaches the server. That it is fast is shown without a clock: the loader refuses before
-    anything is expanded (`test_yaml_bomb_is_refused_before_it_expands`)."""
+    """`ringtrain submit bomb.yaml` (a real process) exits non-zero with a message naming aliases,
+    and nothing reaches the server. That it is fast is shown without a clock: the loader refuses
+    before anything is expanded (`test_yaml_bomb_is_refused_before_it_expands`)."""
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(BILLION_LAUGHS)
     with running(tmp_path) as srv:
@@ -567,7 +567,7 @@ def test_cli_submit_yaml_bomb_exits_fast(tmp_path: Path) -> None:
 
 
 def laughs(levels: int) -> str:
-    """A billion-laughs document of `levels` levels of 9 aliases: 9**levels strings once expanded."""
+    """A billion-laughs document of `levels` levels of 9 aliases: 9**levels strings expanded."""
     rows = [f"l0: &l0 [{', '.join(['lol'] * 9)}]\n"]
     rows += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, levels + 1)]
     return "".join(rows) + "name: boom\n"

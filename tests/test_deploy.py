@@ -1,8 +1,8 @@
 """Deploy validation, offline: kustomize overlays render, every object validates (KubeRay CRD schemas with unknown
 fields rejected; built-in kinds with kubernetes-validate --strict), names cross-reference, Dockerfiles are sound.
 
-Rendering needs `kubectl` (it embeds kustomize; scripts/setup.sh installs it): without it those tests skip (fail
-where RINGTRAIN_REQUIRE_KUBECTL=1, as in CI) and the file-level checks still run.
+Rendering needs `kubectl` (it embeds kustomize; scripts/setup.sh installs it): without it those
+tests skip (fail where RINGTRAIN_REQUIRE_KUBECTL=1, as in CI) and the file-level checks still run.
 """
 
 from __future__ import annotations

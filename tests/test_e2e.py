@@ -115,7 +115,8 @@ def test_cancel_running_job(tmp_path, launcher, ray_head):  # noqa: F811
 
 def test_control_plane_restart_reattaches(tmp_path, launcher):
     """The control plane goes away while a job trains and comes back on the same port and database: the job
-    trains through the outage, outlives it, and ends SUCCEEDED with its plain history and every point once."""
+    trains through the outage, outlives it, and ends SUCCEEDED with its plain history and every
+    point once."""
     steps, every, outage_checkpoints = 300, 10, 3
     spec = {**tiny(steps, "restart"), "checkpoint": {"every_steps": every, "keep": 3}}
     with e2e_server(tmp_path, launcher) as srv:
@@ -136,7 +137,7 @@ def test_control_plane_restart_reattaches(tmp_path, launcher):
         got = c.wait(job.id, timeout=240, poll_s=1)
         assert got.state.value == "SUCCEEDED", (got.error, c.logs(job.id).driver_log[-3000:])
         assert [t.to_state.value for t in got.transitions] == ["QUEUED", "PLACING", "RUNNING", "SUCCEEDED"]
-        # nothing lost, nothing doubled across the restart: every (step, name, rank) the spec implies, once
+        # nothing lost, nothing doubled across the restart: each (step, name, rank), once
         each_key_once([p.model_dump() for p in c.iter_metrics(job.id)], spec)
         loss = list(c.iter_metrics(job.id, names=["loss"]))
         # measured while nobody listened: at least the steps after the first of those checkpoints, through the last

@@ -92,12 +92,13 @@ def test_submits_while_streaming(tmp_path: Path) -> None:
         points = 0
 
         def feed() -> None:
-            # a failure here is a test failure (reported below), never a thread that quietly stops feeding
+            # a failure here fails the test (below), never a thread that quietly stops feeding
             nonlocal points
             step = 0
             try:
                 while step < MIN_BATCHES or not submits_done.is_set():
-                    r = d.metrics(range(step, step + 1), ("loss", "lr", "tokens_per_s", "grad_norm"))
+                    names = ("loss", "lr", "tokens_per_s", "grad_norm")
+                    r = d.metrics(range(step, step + 1), names)
                     report_codes.append(r.status_code)
                     points += 4
                     step += 1

@@ -312,9 +312,10 @@ def ring_spec(ring: int, steps: int, name: str, **over: Any) -> dict[str, Any]:
 
 
 def nothing_left(nc: NetCluster, jid: str, ring: int) -> None:
-    """No live actor and no placement group of the job anywhere in the cluster, read from a listing that
-    really holds the job: its first reservation's placement group (REMOVED) and its `ring` rank actors
-    (DEAD) must be in it. An empty listing (other names, a state API that answers nothing) proves nothing."""
+    """No live actor and no placement group of the job anywhere in the cluster, read from a listing
+    that really holds the job: its first reservation's placement group (REMOVED) and its `ring`
+    rank actors (DEAD) must be in it. An empty listing (other names, a state API that answers
+    nothing) proves nothing."""
     first = f"rt-{jid}-d0-r0"  # the driver's first reservation: `{first}` and actors `{first}-b<i>`
 
     def state(kind: str) -> list[dict[str, Any]]:
@@ -397,9 +398,11 @@ def test_ring_across_hosts_survives_node_loss_exactly_once(healthy: NetCluster, 
         killed = nc.kill("w2")
         assert killed > 0
         detected = retrying_after(c, jid, wall_kill)  # the ring of 4 cannot fit on the 2 CPUs left: it waits
-        newest = latest_step(tmp_path / "ckpt" / jid)  # no rank trains now: the retry resumes from this one
+        # no rank trains now: the retry resumes from the newest complete checkpoint
+        newest = latest_step(tmp_path / "ckpt" / jid)
         recovered, retry, counts = resumes_once_w2_is_back(c, nc, jid, js, t_kill)
-        assert newest is not None and newest >= 10 and retry["resume_step"] == newest, (retry, newest)
+        assert newest is not None and newest >= 10, newest
+        assert retry["resume_step"] == newest, (retry, newest)
         print(
             f"\n[hosts] node loss: {killed} processes of host w2 killed; RETRYING after {detected:.1f}s, RUNNING "
             f"again {recovered:.1f}s after the kill (host restarted), resumed from step {retry['resume_step']}; "
@@ -430,7 +433,8 @@ def test_partition_longer_than_the_health_timeout_resumes_exactly_once(healthy: 
         finally:
             nc.link("w2", True)
         recovered, retry, counts = resumes_once_w2_is_back(c, nc, jid, js, t_cut)
-        assert newest is not None and newest >= 10 and retry["resume_step"] == newest, (retry, newest)
+        assert newest is not None and newest >= 10, newest
+        assert retry["resume_step"] == newest, (retry, newest)
         print(
             f"\n[hosts] partition: w2 cut off; Ray declared it dead after {dead_after:.1f}s, RETRYING {detected:.1f}s "
             f"after the cut; RUNNING again {recovered:.1f}s after the cut (link back, host restarted), resumed from "

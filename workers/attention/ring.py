@@ -40,8 +40,9 @@ class _Running:
 
 AddGrads = Callable[[torch.Tensor], None]
 
-# Block-kernel calls made in this process, by (step strategy, "forward" | "backward"): a record that lets tests
-# see which path really ran (selection alone can say one thing while `_steps` does another). Nothing reads it.
+# Block-kernel calls made in this process, by (step strategy, "forward" | "backward"): a record
+# that lets tests see which path really ran (selection alone can say one thing while `_steps` does
+# another). Nothing reads it to decide anything.
 kernel_calls: Counter[tuple[str, str]] = Counter()
 
 
