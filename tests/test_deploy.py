@@ -1,7 +1,8 @@
 """Deploy validation, offline: kustomize overlays render, every object validates (KubeRay CRD schemas with unknown
 fields rejected; built-in kinds with kubernetes-validate --strict), names cross-reference, Dockerfiles are sound.
 
-Rendering needs `kubectl` (it embeds kustomize); without it those tests skip and the file-level checks still run.
+Rendering needs `kubectl` (it embeds kustomize; scripts/setup.sh installs it): without it those
+tests skip (fail where RINGTRAIN_REQUIRE_KUBECTL=1, as in CI) and the file-level checks still run.
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ THIRD_PARTY_IMAGES = re.compile(r"^(postgres|redis):\d+\.\d+")  # the dev databa
 
 
 def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
-    if dh.kubectl() is None:
-        pytest.skip("kubectl not on PATH: install kubectl (it embeds kustomize) to render the overlays")
+    dh.need_kubectl()
     return dh.render(str(dh.OVERLAYS / overlay))
 
 
@@ -325,8 +325,7 @@ def test_images_match_dockerfiles(overlay):
 
 
 def test_every_dockerfile_image_is_deployed():
-    if dh.kubectl() is None:
-        pytest.skip("kubectl not on PATH: install kubectl (it embeds kustomize) to render the overlays")
+    dh.need_kubectl()
     used = {c["image"] for ov in OVERLAYS for p in all_pods(rendered(ov)) for c in dh.containers(p.spec)}
     for flavour, ref in dockerfile_images().items():
         assert ref in used, f"{flavour} image {ref} is used by no overlay"
@@ -394,8 +393,7 @@ def test_control_plane_hardening_and_probes(overlay):
 
 
 def test_dev_credentials_stay_in_the_dev_overlay():
-    if dh.kubectl() is None:
-        pytest.skip("kubectl not on PATH: install kubectl (it embeds kustomize) to render the overlays")
+    dh.need_kubectl()
     for ov in OVERLAYS:
         if ov.startswith("dev"):
             continue

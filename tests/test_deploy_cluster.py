@@ -321,8 +321,7 @@ def test_fast_links_overlay_uses_rdma_and_one_network_block() -> None:
 
 
 def test_nccl_bandwidth_job_renders_and_validates() -> None:
-    if dh.kubectl() is None:
-        pytest.skip("kubectl not on PATH")
+    dh.need_kubectl()
     objs = dh.render(str(NCCL_JOB))
     for o in objs:
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)

@@ -88,17 +88,23 @@ def test_submits_while_streaming(tmp_path: Path) -> None:
                             submit_errors.append(str(ok))
 
         report_codes: list[int] = []
+        feed_errors: list[str] = []
         points = 0
 
         def feed() -> None:
+            # a failure here fails the test (below), never a thread that quietly stops feeding
             nonlocal points
             step = 0
-            while step < MIN_BATCHES or not submits_done.is_set():
-                r = d.metrics(range(step, step + 1), ("loss", "lr", "tokens_per_s", "grad_norm"))
-                report_codes.append(r.status_code)
-                points += 4
-                step += 1
-                time.sleep(0.01)
+            try:
+                while step < MIN_BATCHES or not submits_done.is_set():
+                    names = ("loss", "lr", "tokens_per_s", "grad_norm")
+                    r = d.metrics(range(step, step + 1), names)
+                    report_codes.append(r.status_code)
+                    points += 4
+                    step += 1
+                    time.sleep(0.01)
+            except Exception as e:
+                feed_errors.append(f"feeder at step {step}: {type(e).__name__}: {e}")
 
         feeder = threading.Thread(target=feed, daemon=True)
         t_start = time.perf_counter()
@@ -111,6 +117,7 @@ def test_submits_while_streaming(tmp_path: Path) -> None:
         submits_done.set()
         submit_wall = time.perf_counter() - t_start
         feeder.join(timeout=120)
+        assert not feeder.is_alive(), "the feeder did not finish"
         report_codes.append(d.state("SUCCEEDED", reason="load test done").status_code)
         for t in subs:
             t.join(timeout=120)
@@ -141,6 +148,8 @@ def test_submits_while_streaming(tmp_path: Path) -> None:
         f"({len(handed)} distinct)"
     )
     assert (
+        feed_errors,
+        len(report_codes) > MIN_BATCHES,
         submit_errors,
         sub_errors,
         set(report_codes),
@@ -152,4 +161,18 @@ def test_submits_while_streaming(tmp_path: Path) -> None:
         sum(handed.values()),
         [j for j, n in handed.items() if n > 1],
         set(handed) == accepted,
-    ) == ([], [], {200}, SUBMITS, SUBSCRIBERS, 0, list(range(1, last + 1)), SUBMITS + 1, SUBMITS + 1, [], True)
+    ) == (
+        [],
+        True,
+        [],
+        [],
+        {200},
+        SUBMITS,
+        SUBSCRIBERS,
+        0,
+        list(range(1, last + 1)),
+        SUBMITS + 1,
+        SUBMITS + 1,
+        [],
+        True,
+    )

@@ -52,6 +52,7 @@ class SimCluster(RecordingLauncher):
     starts: list[tuple[float, str]] = field(default_factory=list)  # (time, job id) of each submit
     frees: list[float] = field(default_factory=list)  # times capacity came back
     ends: dict[str, float] = field(default_factory=dict)  # job id → time its driver began reporting SUCCEEDED
+    stored_ends: dict[str, float] = field(default_factory=dict)  # job id: when that was acked
     peak: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -99,6 +100,7 @@ class SimCluster(RecordingLauncher):
                 end = {"type": "state", "seq": len(items) + 1, "time": time.time(), "state": "SUCCEEDED"}
                 r = h.post(f"/v1/jobs/{req.job_id}/report", json={"items": [end]})
                 assert r.status_code == 200, r.text
+                self.stored_ends[req.job_id] = time.monotonic()  # stored: later reads see it ended
         except Exception as e:  # reported by the test
             self.errors.append(f"{req.job_id}: {type(e).__name__}: {e}")
         self.release(sid)
@@ -275,22 +277,34 @@ def test_fairness_3_owners_30_jobs_each_on_a_cluster_that_holds_2(tmp_path: Path
         sim.srv = srv
         # in which scheduler pass, and when, each job was admitted (the launcher sees two jobs of one pass in no
         # defined order, and their hand-overs can lie far apart on a loaded machine: the order is judged on the
-        # decision itself)
+        # decision itself), and when each pass's store read began (what it knew of ended jobs)
         admitted_at: dict[str, tuple[int, float]] = {}
         controller = srv.app.state.ctx.controller
         admit, hand_over, passes = controller._admit, controller._start, itertools.count(1)
+        store = srv.app.state.ctx.store
+        read = store.active_jobs
+        read_began: dict[int, float] = {}  # id of a Job row: when the read that made it began
+        pass_read: dict[int, float] = {}  # pass → when its store read began
         this_pass = 0
 
-        async def one_pass(*args: Any) -> None:
+        def timed_read() -> Any:
+            t = time.monotonic()
+            jobs = read()
+            read_began.update({id(j): t for j in jobs})  # a pass's rows are these very objects
+            return jobs
+
+        async def one_pass(queued: list[Any], *args: Any) -> None:
             nonlocal this_pass
             this_pass = next(passes)
-            await admit(*args)
+            pass_read[this_pass] = read_began[id(queued[0])]
+            await admit(queued, *args)
 
         def start(j: Any) -> None:
             admitted_at.setdefault(j.id, (this_pass, time.monotonic()))
             hand_over(j)
 
         controller._admit, controller._start = one_pass, start
+        store.active_jobs = timed_read  # type: ignore[method-assign]
         hold = SimHold(sim)  # nothing starts until all 90 are queued: the order is then fully determined
         meta: dict[str, tuple[str, int, int]] = {}  # job id → owner, priority, submission index
         clients = {o: srv.client(t) for o, t in OWNERS.items()}
@@ -324,23 +338,24 @@ def test_fairness_3_owners_30_jobs_each_on_a_cluster_that_holds_2(tmp_path: Path
     assert sim.peak == 2, sim.peak  # the cluster holds 2 at a time, and 2 ran at once
     assert len({j for _, j in sim.starts}) == len(meta)  # each job started once
 
-    # order: a job X starts only when every job ahead of it (priority desc, then submission) has started (in the
-    # same scheduling pass at the latest), or when the quota held that job back: its owner (alice, 1 running job)
-    # had a job running when X's pass decided (it ends a report's round trip before X is handed over, at most)
+    # order, judged on scheduler passes: a job X admitted in pass P starts only when every job
+    # ahead of it (priority desc, then submission) was admitted in pass P or earlier, or was held by
+    # its owner's quota in P: another job of that owner (alice: 1 running job) admitted by pass P
+    # whose final state was not yet stored when P read the store. An end stored before that read
+    # must have freed the quota in P, so a quota released late fails here.
     rank = sorted(meta, key=lambda j: (-meta[j][1], meta[j][2]))
-    started_at = {j: t for j, (_, t) in admitted_at.items()}
-    decide_to_start_s = 1.0
     for k, jid in enumerate(rank):
-        t = started_at[jid]
+        p = admitted_at[jid][0]
         for ahead in rank[:k]:
-            if admitted_at[ahead][0] <= admitted_at[jid][0]:
+            if admitted_at[ahead][0] <= p:
                 continue
             owner = meta[ahead][0]
-            busy = [
-                j for j in meta if meta[j][0] == owner and started_at[j] <= t and sim.ends[j] >= t - decide_to_start_s
-            ]
-            assert quotas.get(owner) and busy, (jid, meta[jid], ahead, meta[ahead])
+            others = [j for j in meta if meta[j][0] == owner and j != ahead]
+            read_at = pass_read[p]
+            holding = [j for j in others if admitted_at[j][0] <= p and sim.stored_ends[j] > read_at]
+            assert quotas.get(owner) and holding, (jid, meta[jid], p, ahead, admitted_at[ahead][0])
     # the quota held: never two of alice's jobs at once (the next one is handed over only after the last one ended)
+    started_at = {j: t for j, (_, t) in admitted_at.items()}
     alice = sorted((started_at[j], sim.ends[j]) for j in meta if meta[j][0] == "alice")
     assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(alice))
 

@@ -1,5 +1,6 @@
-"""`ringtrain serve` and its private Ray head: the head stops with serve on SIGINT and SIGTERM and never outlives
-it (SIGKILL included), and a restarted serve continues the jobs it had from their checkpoints (SPEC §4).
+"""`ringtrain serve` and its private Ray head: the head stops with serve on SIGINT and SIGTERM and
+never outlives it (SIGKILL included), and a restarted serve continues the jobs it had from their
+checkpoints (ARCHITECTURE.md, "Contracts").
 
 Ray's own processes are found as descendants of serve and by the head's unique temp dir on their command lines;
 after each signal none may be left running.
@@ -14,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from tests.dist import free_port
+from tests.test_faults import each_key_once, stored_points
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "serve-lifecycle-token"
@@ -164,11 +165,5 @@ def test_a_restarted_serve_continues_its_jobs_from_their_checkpoints(serve: Serv
     assert "does not know" in retry["reason"] and "no restart used" in retry["reason"], retry
     resumed = next(t for t in job["transitions"] if t["seq"] > retry["seq"] and t.get("resume_step") is not None)
     assert resumed["resume_step"] == newest_at_kill, (resumed, newest_at_kill)
-    points = client.get(f"/v1/jobs/{jid}/metrics", params={"limit": 10000}).json()
-    points = points["points"] if isinstance(points, dict) else points
-    keys = Counter((p["step"], p["name"], p.get("rank")) for p in points)
-    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1][:10]
-    assert sorted(s for s, n, r in keys if n == "loss") == list(range(1, steps + 1))
-    assert {(s, r) for s, n, r in keys if n == "mem_peak_bytes"} == {
-        (s, r) for s in range(1, steps + 1) for r in (0, 1)
-    }
+    # every (step, name, rank) the spec implies, exactly once, across the kill and the resume
+    each_key_once(stored_points(client, jid), spec)

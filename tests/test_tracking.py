@@ -26,6 +26,10 @@ from typing import Any
 import httpx
 import pytest
 
+# dev dependencies, imported plainly: a missing one fails the run instead of skipping it
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
 from api.client import Client
 from service.artifacts import model_dir
 from service.tracking import flatten
@@ -33,9 +37,6 @@ from tests.api_harness import ALICE, TINY_SPEC, Driver, Server, running, wait_fo
 from tests.dist import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-mlflow = pytest.importorskip("mlflow", reason="the tracking extra is not installed (pip install -e '.[tracking]')")
-pytest.importorskip("tensorboard")
 
 
 class MlflowServer:
@@ -137,8 +138,6 @@ def same(a: list[tuple[int, float]], b: list[tuple[int, float]], rel: float = 0.
 
 
 def mlflow_run(uri: str, experiment: str, job_id: str) -> Any:
-    from mlflow.tracking import MlflowClient
-
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
@@ -149,15 +148,11 @@ def mlflow_run(uri: str, experiment: str, job_id: str) -> Any:
 
 
 def mlflow_series(uri: str, run: Any) -> dict[str, list[tuple[int, float]]]:
-    from mlflow.tracking import MlflowClient
-
     c = MlflowClient(uri)
     return {k: sorted((m.step, m.value) for m in c.get_metric_history(run.info.run_id, k)) for k in run.data.metrics}
 
 
 def tensorboard_series(root: Path, job_id: str) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
-
     acc = EventAccumulator(str(root / job_id), size_guidance={SCALARS: 0})
     acc.Reload()
     return {t: sorted((e.step, e.value) for e in acc.Scalars(t)) for t in acc.Tags()["scalars"]}

@@ -1,6 +1,6 @@
 """`python -m workers.driver`: the per-job driver that the control plane starts as a Ray job.
 
-The code lives in `workers.orchestration`; this module is the public entry point (SPEC §1).
+The code lives in `workers.orchestration`; this is the public entry point (ARCHITECTURE.md).
 """
 
 import sys

@@ -8,6 +8,7 @@ buffer one step behind K/V and arrive back at their owner after W steps.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -39,6 +40,11 @@ class _Running:
 
 AddGrads = Callable[[torch.Tensor], None]
 
+# Block-kernel calls made in this process, by (step strategy, "forward" | "backward"): a record
+# that lets tests see which path really ran (selection alone can say one thing while `_steps` does
+# another). Nothing reads it to decide anything.
+kernel_calls: Counter[tuple[str, str]] = Counter()
+
 
 class _PerBlock:
     """Each plan block is one block-kernel call (dense steps, and packed documents without a varlen kernel)."""
@@ -50,6 +56,7 @@ class _PerBlock:
         acc = _acc_dtype(q.dtype)
         b, n, h, _ = q.shape
         for blk in self.plan[step]:
+            kernel_calls["per_block", "forward"] += 1
             r = blk.rows
             b_out, b_lse = self.kernel.forward(q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], blk.causal, self.scale)
             if run.out is None and _covers_all(blk, n):  # dense step 0: the diagonal block covers every row
@@ -76,6 +83,7 @@ class _PerBlock:
     ) -> AddGrads:
         done = []
         for blk in self.plan[step]:
+            kernel_calls["per_block", "backward"] += 1
             r = blk.rows
             g = self.kernel.backward(
                 dout[r, blk.q], q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], out[r, blk.q], lse[r, :, blk.q],
@@ -106,6 +114,7 @@ class _Packed:
             run.out = torch.zeros((b * n, h, d), dtype=acc, device=q.device)
             run.lse = torch.full((h, b * n), float("-inf"), dtype=acc, device=q.device)
         for p in self.packs[step]:
+            kernel_calls["packed", "forward"] += 1
             qi, ki = p.q_index, p.k_index
             o, lse = self.kernel.forward(qf[qi], kf[ki], vf[ki], p, self.scale)
             o_run, lse_run = run.out[qi], run.lse[:, qi]
@@ -138,6 +147,7 @@ class _Packed:
         dqf = dq.view(b * n, h, d)
         done = []
         for p in self.packs[step]:
+            kernel_calls["packed", "backward"] += 1
             qi, ki = p.q_index, p.k_index
             g = self.kernel.backward(dof[qi], qf[qi], kf[ki], vf[ki], of[qi], lsef[:, qi], p, self.scale)
             dqf.index_add_(0, qi, g[0].to(dqf.dtype))

@@ -1,6 +1,6 @@
 """The per-job driver (`python -m workers.driver`), started by the control plane as a Ray job.
 
-Why it lives on the cluster (SPEC §4): a job survives control-plane restarts. The parts:
+Why it lives on the cluster: a job survives control-plane restarts (ARCHITECTURE.md). The parts:
 `reservation` (placement group, rank actors, rank order, rendezvous), `forwarding` (metric points to the control
 plane through `reporter`), `recovery` (the one resume decision), and here the state machine that ties them:
 
