@@ -1,5 +1,5 @@
 """The import rules (ARCHITECTURE.md, "Contracts"): api -> service -> workers, and service sees
-only workers ground layer (the job spec, the driver protocol and the parallel shape: pure modules
+only the ground layer of workers (the job spec, the driver protocol and the parallel shape: pure modules
 without torch or Ray)."""
 
 from __future__ import annotations
