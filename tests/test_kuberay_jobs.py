@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -159,6 +160,7 @@ class KubeStub:
         self.rayjobs: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, tuple[dict[str, str], str]] = {}  # name → (labels, log)
         self.deleted: list[str] = []
+        self.calls: list[tuple[str, str]] = []  # (method, path) of every authenticated call
         self.reads: Counter[str] = Counter()  # GETs of each RayJob: one per reconciler pass while its job is active
         self.lock = threading.Lock()
         stub = self
@@ -181,6 +183,7 @@ class KubeStub:
                 url = urlparse(self.path)
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
                 with stub.lock:
+                    stub.calls.append((method, url.path))
                     code, out = stub.handle(method, url.path, parse_qs(url.query), body)
                 self.answer(code, out)
 
@@ -401,3 +404,39 @@ def test_an_api_server_refusal_is_retried_then_fails_the_job(tmp_path: Path, kub
         assert kube.rayjobs == {}
     with pytest.raises(RuntimeError, match="HTTP 401"):
         KubeRayJobLauncher(KubeAPI(kube.url, "wrong"), NS, template()).cluster()
+
+
+# -- RBAC: the overlay's Role grants what the launcher calls, nothing more ----------------------------------------
+def rbac_verb(method: str, path: str) -> tuple[str, str, str]:
+    """(API group, resource, verb) the API server authorizes for a call, as RBAC names them."""
+    core = re.fullmatch(rf"/api/v1/namespaces/{NS}/(pods)(?:/([^/]+))?(?:/(log))?", path)
+    ray = re.fullmatch(rf"/apis/ray.io/v1/namespaces/{NS}/(rayjobs)(?:/([^/]+))?", path)
+    m = core or ray
+    assert m, path
+    group = "" if core else "ray.io"
+    resource, name = m.group(1), m.group(2)
+    if core and m.group(3):
+        resource = "pods/log"
+    verbs = {"POST": "create", "DELETE": "delete", "GET": "get" if name else "list"}
+    return group, resource, verbs[method]
+
+
+def test_the_role_grants_exactly_what_the_launcher_calls(kube: KubeStub) -> None:
+    """Every launcher call (submit, status, logs, stop, the readiness check) against the loopback API server,
+    mapped to RBAC verbs, equals the rules of the kueue overlay's Role: no patch, watch, status or Kueue
+    workloads that no code uses."""
+    if dh.kubectl() is None:
+        pytest.skip("kubectl not on PATH: it renders the kueue overlay's Role")
+    launcher = KubeRayJobLauncher(KubeAPI(kube.url, KUBE_TOKEN), NS, template())
+    sid = launcher.submit(request(GPU_SPEC))
+    kube.pods["ringtrain-j0123456789ab-0-abcde"] = ({"job-name": sid}, "driver output")
+    launcher.status(sid)
+    assert launcher.logs(sid) == "driver output"
+    launcher.cluster()
+    launcher.stop(sid)
+    used = {rbac_verb(m, path) for m, path in kube.calls}
+    objs = dh.render_overlay("kueue")
+    (role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "ringtrain-rayjobs"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}  # fmt: skip
+    assert granted == used, f"granted but unused: {granted - used}; used but not granted: {used - granted}"
