@@ -101,10 +101,10 @@ def _bytes(v: Any) -> int:
 
 
 def _shrink_pod(group: dict[str, Any], fraction: float, min_cpus: float) -> None:
-    """Size a worker pod to `fraction` of the template's node (a ring that uses that share of its GPUs):
-    CPUs (the container's and Ray's num-cpus, never below what the ring's bundles ask), memory, and
-    the object store with the memory-backed /dev/shm it lives in. Otherwise a 2-GPU ring would still
-    book (and Kueue count) a whole node's CPUs and memory."""
+    """Size a worker pod to `fraction` of the template's node (a ring using that share of its
+    GPUs): CPUs (the container's and Ray's num-cpus, never below what the ring's bundles ask),
+    memory, and the object store with the memory-backed /dev/shm it lives in. Otherwise a 2-GPU
+    ring would still book (and Kueue count) a whole node's CPUs and memory."""
     pod = group["template"]["spec"]
     container = pod["containers"][0]
     params = group.setdefault("rayStartParams", {})
@@ -117,11 +117,13 @@ def _shrink_pod(group: dict[str, Any], fraction: float, min_cpus: float) -> None
         if "memory" in res:
             res["memory"] = f"{math.ceil(_bytes(res['memory']) * fraction / (1 << 20))}Mi"
     if "num-cpus" in params:
-        params["num-cpus"] = str(max(math.ceil(_quantity(params["num-cpus"]) * fraction), math.ceil(min_cpus)))
+        ray_cpus = math.ceil(_quantity(params["num-cpus"]) * fraction)
+        params["num-cpus"] = str(max(ray_cpus, math.ceil(min_cpus)))
     elif cpus is not None:
         params["num-cpus"] = str(cpus)
     if "object-store-memory" in params:
-        params["object-store-memory"] = str(math.ceil(int(params["object-store-memory"]) * fraction))
+        store = math.ceil(int(params["object-store-memory"]) * fraction)
+        params["object-store-memory"] = str(store)
     for vol in pod.get("volumes", []):
         empty = vol.get("emptyDir") or {}
         if empty.get("medium") == "Memory" and "sizeLimit" in empty:
@@ -148,8 +150,8 @@ def rayjob_for(template: dict[str, Any], req: LaunchRequest, *, python: str = "p
     """The RayJob that runs one attempt of `req` (a new object; the template is not changed).
 
     The worker group is sized for the ring and nothing more: ⌈ranks ÷ GPUs per pod⌉ fixed replicas (Kueue admits
-    a fixed size), and a ring smaller than one pod asks for just the GPUs it uses, with the same share of the
-    pod's CPUs, memory and shared memory."""
+    a fixed size), and a ring smaller than one pod asks for just the GPUs it uses, with the same
+    share of the pod's CPUs, memory and shared memory."""
     spec = req.spec
     name = submission_id_for(req.job_id, req.attempt).lower()
     if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):

@@ -76,8 +76,8 @@ def render(path: str) -> tuple[dict[str, Any], ...]:
     return tuple(load_yaml_docs(out.stdout))
 
 
-# The storage component the tests render the gpu overlay (and those on top of it) with: the committed overlay
-# has none, on purpose (it refuses to render until an operator picks one).
+# The storage component the tests render the gpu overlay (and those on top of it) with: the
+# committed overlay has none, on purpose (it refuses to render until an operator picks one).
 TEST_STORAGE = "storage-gke"
 STORAGE_COMPONENTS = ("storage-gke", "storage-eks", "storage-aks", "storage-nfs")
 

@@ -29,7 +29,7 @@ from tests import deploy_helpers as dh
 from tests import test_network_policy as npol
 from tests.test_deploy import K8S_VERSION, OVERLAY_IDS, OVERLAYS, by_kind, rendered, the_one
 
-NCCL_JOB = dh.K8S / "jobs" / "nccl-bandwidth"  # the TCP baseline; the RDMA and EFA variants patch it
+NCCL_JOB = dh.K8S / "jobs" / "nccl-bandwidth"  # the TCP baseline; the variants patch it
 NCCL_RDMA_JOB = dh.K8S / "jobs" / "nccl-bandwidth-rdma"
 NCCL_EFA_JOB = dh.K8S / "jobs" / "nccl-bandwidth-efa"
 KUBERAY_FLOOR = "1.6"  # authOptions.secretName first appears in KubeRay v1.6.0
@@ -128,7 +128,8 @@ def test_head_fault_tolerance_uses_redis_with_a_secret_password(overlay: str) ->
     env = {e["name"]: e for e in redis["env"]}
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == ref and "$(REDIS_PASSWORD)" in redis["args"]
     assert "--appendonly" in redis["args"]
-    # who reaches Redis: the head (the GCS) and KubeRay's clean-up pod (the head's template, relabelled)
+    # who reaches Redis: the head (the GCS) and KubeRay's clean-up pod (the head's template,
+    # relabelled)
     pols = by_kind(objs, "NetworkPolicy")
     (redis_pod,) = [p for p in dh.pod_templates(the_one(objs, "Deployment", "ringtrain-redis"))]
     dst = npol.Pod("redis", redis_pod.labels)

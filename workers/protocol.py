@@ -148,19 +148,21 @@ class DriverEnv(BaseSettings):
 
     control_plane_version: str = Field(
         default_factory=ringtrain_version,
-        description="the launcher's ringtrain version (filled in on its side); the driver refuses another",
+        description="the launcher's ringtrain version (set on its side); the driver refuses others",
     )
 
     def check_version(self) -> None:
-        """Refuse to run under another ringtrain release than the control plane's: a half-upgraded cluster
-        (new control plane, old Ray pods, or the reverse) would speak two versions of this contract."""
+        """Refuse to run under another ringtrain release than the control plane's: a half-upgraded
+        cluster (new control plane, old Ray pods, or the reverse) speaks two versions of this
+        contract."""
         mine = ringtrain_version()
         theirs = self.control_plane_version
         if mine and theirs and mine != theirs:
             raise VersionMismatch(
-                f"ringtrain version mismatch: this driver (the Ray image) runs {mine}, the control plane "
-                f"{theirs}. Run one release everywhere: set the same image tag for the control plane and the "
-                "RayCluster and apply both (deploy/README.md, Upgrading); the job can be submitted again then."
+                f"ringtrain version mismatch: this driver (the Ray image) runs {mine}, the "
+                f"control plane {theirs}. Run one release everywhere: set the same image tag for "
+                "the control plane and the RayCluster and apply both (deploy/README.md, "
+                "Upgrading); submit the job again then."
             )
 
     def to_env(self) -> dict[str, str]:
