@@ -281,7 +281,9 @@ def test_fast_links_never_pins_the_whole_cluster_to_one_block() -> None:
 
 def _memlock_check(objs: Objs, owner_part: str) -> dict[str, Any]:
     (pod,) = [p for o in objs for p in dh.pod_templates(o) if owner_part in p.owner]
-    (check,) = [c for c in pod.spec.get("initContainers", []) if c["name"] == "memlock-check"]
+    checks = [c for c in pod.spec.get("initContainers", []) if c["name"] == "memlock-check"]
+    assert len(checks) == 1, f"{pod.owner}: no memlock-check init container"
+    check = checks[0]
     main = pod.spec["containers"][0]
     assert check["image"] == main["image"], "the check must see the same image's limits"
     for c in dh.containers(pod.spec):
@@ -342,8 +344,9 @@ def test_disruption_budgets_and_autoscaler_annotations(overlay: str) -> None:
     pdbs = by_kind(objs, "PodDisruptionBudget")
 
     def budget(pod: npol.Pod) -> dict[str, Any]:
-        (b,) = [b for b in pdbs if npol.selects(b["spec"]["selector"], pod.labels)]
-        return dict(b["spec"])
+        found = [b for b in pdbs if npol.selects(b["spec"]["selector"], pod.labels)]
+        assert len(found) == 1, f"{pod.name}: {len(found)} PodDisruptionBudgets select it"
+        return dict(found[0]["spec"])
 
     assert budget(head)["maxUnavailable"] == 0
     assert budget(cp)["minAvailable"] >= 1
