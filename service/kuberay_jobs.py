@@ -87,6 +87,49 @@ def _quantity(v: Any) -> float:
     return float(s[:-1]) / 1000 if s.endswith("m") else float(s)
 
 
+_BINARY = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def _bytes(v: Any) -> int:
+    """Bytes from a Kubernetes memory quantity (`"256Gi"`, `"500M"`, `34359738368`)."""
+    m = re.fullmatch(r"([0-9.]+)([KMGTP]i|[kMGTP])?", str(v).strip())
+    if not m:
+        raise ValueError(f"not a memory quantity: {v!r}")
+    unit = m.group(2) or ""
+    return math.ceil(float(m.group(1)) * (_BINARY.get(unit) or _DECIMAL.get(unit) or 1))
+
+
+def _shrink_pod(group: dict[str, Any], fraction: float, min_cpus: float) -> None:
+    """Size a worker pod to `fraction` of the template's node (a ring using that share of its
+    GPUs): CPUs (the container's and Ray's num-cpus, never below what the ring's bundles ask),
+    memory, and the object store with the memory-backed /dev/shm it lives in. Otherwise a 2-GPU
+    ring would still book (and Kueue count) a whole node's CPUs and memory."""
+    pod = group["template"]["spec"]
+    container = pod["containers"][0]
+    params = group.setdefault("rayStartParams", {})
+    cpus = None
+    for kind in ("requests", "limits"):
+        res = container.get("resources", {}).get(kind, {})
+        if "cpu" in res:
+            cpus = max(math.ceil(_quantity(res["cpu"]) * fraction), math.ceil(min_cpus))
+            res["cpu"] = str(cpus)
+        if "memory" in res:
+            res["memory"] = f"{math.ceil(_bytes(res['memory']) * fraction / (1 << 20))}Mi"
+    if "num-cpus" in params:
+        ray_cpus = math.ceil(_quantity(params["num-cpus"]) * fraction)
+        params["num-cpus"] = str(max(ray_cpus, math.ceil(min_cpus)))
+    elif cpus is not None:
+        params["num-cpus"] = str(cpus)
+    if "object-store-memory" in params:
+        store = math.ceil(int(params["object-store-memory"]) * fraction)
+        params["object-store-memory"] = str(store)
+    for vol in pod.get("volumes", []):
+        empty = vol.get("emptyDir") or {}
+        if empty.get("medium") == "Memory" and "sizeLimit" in empty:
+            empty["sizeLimit"] = f"{math.ceil(_bytes(empty['sizeLimit']) * fraction / (1 << 20))}Mi"
+
+
 def _worker_group(job: dict[str, Any]) -> dict[str, Any]:
     groups = job["spec"]["rayClusterSpec"].get("workerGroupSpecs") or []
     if len(groups) != 1:
@@ -107,7 +150,8 @@ def rayjob_for(template: dict[str, Any], req: LaunchRequest, *, python: str = "p
     """The RayJob that runs one attempt of `req` (a new object; the template is not changed).
 
     The worker group is sized for the ring and nothing more: ⌈ranks ÷ GPUs per pod⌉ fixed replicas (Kueue admits
-    a fixed size), and a ring smaller than one pod asks for just the GPUs it uses."""
+    a fixed size), and a ring smaller than one pod asks for just the GPUs it uses, with the same
+    share of the pod's CPUs, memory and shared memory."""
     spec = req.spec
     name = submission_id_for(req.job_id, req.attempt).lower()
     if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
@@ -146,6 +190,7 @@ def rayjob_for(template: dict[str, Any], req: LaunchRequest, *, python: str = "p
         for kind in ("requests", "limits"):
             if GPU in resources.get(kind, {}):
                 resources[kind][GPU] = str(ranks)
+        _shrink_pod(group, ranks / per_pod, ranks * spec.resources.cpus_per_worker)
     return job
 
 

@@ -7,6 +7,7 @@ RINGTRAIN_REQUIRE_KUBECTL=1, as in CI).
 
 from __future__ import annotations
 
+import atexit
 import copy
 import fnmatch
 import functools
@@ -16,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,41 @@ def render(path: str) -> tuple[dict[str, Any], ...]:
     if out.returncode != 0:
         raise AssertionError(f"kubectl kustomize {path} failed:\n{out.stderr}")
     return tuple(load_yaml_docs(out.stdout))
+
+
+# The storage component the tests render the gpu overlay (and those on top of it) with: the
+# committed overlay has none, on purpose (it refuses to render until an operator picks one).
+TEST_STORAGE = "storage-gke"
+STORAGE_COMPONENTS = ("storage-gke", "storage-eks", "storage-aks", "storage-nfs")
+
+
+def needs_storage(overlay: str) -> bool:
+    """Whether an overlay builds on the gpu overlay (which requires a storage component)."""
+    if overlay == "gpu":
+        return True
+    kust = OVERLAYS / overlay / "kustomization.yaml"
+    return "../gpu" in yaml.safe_load(kust.read_text()).get("resources", [])
+
+
+@functools.cache
+def tree_with_storage(component: str) -> Path:
+    """A temporary copy of deploy/k8s whose gpu overlay uses `component`, as
+    `kustomize edit add component ../../components/COMPONENT` would leave it."""
+    tmp = Path(tempfile.mkdtemp(prefix="ringtrain-k8s-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    shutil.copytree(K8S, tmp / "k8s")
+    kust_path = tmp / "k8s" / "overlays" / "gpu" / "kustomization.yaml"
+    kust = yaml.safe_load(kust_path.read_text())
+    kust["components"] = [*(kust.get("components") or []), f"../../components/{component}"]
+    kust_path.write_text(yaml.safe_dump(kust, sort_keys=False))
+    return tmp / "k8s"
+
+
+def render_overlay(overlay: str, storage: str = TEST_STORAGE) -> tuple[dict[str, Any], ...]:
+    """An overlay as an operator applies it: those built on gpu with a storage component added."""
+    if needs_storage(overlay):
+        return render(str(tree_with_storage(storage) / "overlays" / overlay))
+    return render(str(OVERLAYS / overlay))
 
 
 # --- KubeRay CRD schemas -------------------------------------------------------------------------------------------

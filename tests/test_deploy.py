@@ -40,7 +40,7 @@ THIRD_PARTY_IMAGES = re.compile(r"^(postgres|redis):\d+\.\d+")  # the dev databa
 
 def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
     dh.need_kubectl()
-    return dh.render(str(dh.OVERLAYS / overlay))
+    return dh.render_overlay(overlay)
 
 
 def by_kind(objs, kind: str) -> list[dict[str, Any]]:

@@ -26,9 +26,12 @@ from service.capacity import shapes_from_raycluster
 from service.kuberay_jobs import pod_shape
 from service.settings import Settings
 from tests import deploy_helpers as dh
+from tests import test_network_policy as npol
 from tests.test_deploy import K8S_VERSION, OVERLAY_IDS, OVERLAYS, by_kind, rendered, the_one
 
-NCCL_JOB = dh.K8S / "jobs" / "nccl-bandwidth"
+NCCL_JOB = dh.K8S / "jobs" / "nccl-bandwidth"  # the TCP baseline; the variants patch it
+NCCL_RDMA_JOB = dh.K8S / "jobs" / "nccl-bandwidth-rdma"
+NCCL_EFA_JOB = dh.K8S / "jobs" / "nccl-bandwidth-efa"
 KUBERAY_FLOOR = "1.6"  # authOptions.secretName first appears in KubeRay v1.6.0
 
 
@@ -125,10 +128,16 @@ def test_head_fault_tolerance_uses_redis_with_a_secret_password(overlay: str) ->
     env = {e["name"]: e for e in redis["env"]}
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == ref and "$(REDIS_PASSWORD)" in redis["args"]
     assert "--appendonly" in redis["args"]
-    pol = the_one(objs, "NetworkPolicy", "ringtrain-redis")["spec"]
-    assert pol["ingress"][0]["from"] == [
-        {"podSelector": {"matchLabels": {"ray.io/cluster": rc["metadata"]["name"], "ray.io/node-type": "head"}}}
-    ]
+    # who reaches Redis: the head (the GCS) and KubeRay's clean-up pod (the head's template,
+    # relabelled)
+    pols = by_kind(objs, "NetworkPolicy")
+    (redis_pod,) = [p for p in dh.pod_templates(the_one(objs, "Deployment", "ringtrain-redis"))]
+    dst = npol.Pod("redis", redis_pod.labels)
+    _, workers, head = npol.cluster(objs)
+    cleanup = npol.Pod("redis cleanup", {**head.labels, "ray.io/node-type": "redis-cleanup"})
+    assert npol.allowed(pols, head, dst, 6379) and npol.allowed(pols, cleanup, dst, 6379)
+    for src in [*workers, npol.STRANGER]:
+        assert not npol.allowed(pols, src, dst, 6379), src.name
 
 
 def test_kuberay_floor_stated_and_fields_exist_in_the_crds() -> None:
@@ -304,15 +313,14 @@ def test_fast_links_overlay_uses_rdma_and_one_network_block() -> None:
     assert {"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"} <= set(env)
     rdma = [k for k in c["resources"]["limits"] if k.startswith("rdma/")]
     assert rdma and all(c["resources"]["requests"][k] == c["resources"]["limits"][k] for k in rdma)
-    assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert gpu["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"]
-    aff = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
-    assert aff["topologyKey"] == "network.topology.kubernetes.io/block"
-    assert aff["labelSelector"]["matchLabels"].items() <= gpu["template"]["metadata"]["labels"].items()
+    # one network block preferred (tests/test_deploy_day2.py: never required for the whole cluster)
+    (aff,) = pod["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert aff["podAffinityTerm"]["topologyKey"] == "network.topology.kubernetes.io/block"
 
-    # the bandwidth job tests exactly these settings
-    job = next(o for o in dh.render(str(NCCL_JOB)) if o["kind"] == "Job")
+    # the RDMA bandwidth job tests exactly these settings
+    job = next(o for o in dh.render(str(NCCL_RDMA_JOB)) if o["kind"] == "Job")
     jc = job["spec"]["template"]["spec"]["containers"][0]
     assert {k: v for k, v in nccl_env(jc).items() if k != "NCCL_DEBUG"} == {
         k: v for k, v in env.items() if k != "NCCL_DEBUG"
@@ -322,6 +330,9 @@ def test_fast_links_overlay_uses_rdma_and_one_network_block() -> None:
 
 def test_nccl_bandwidth_job_renders_and_validates() -> None:
     dh.need_kubectl()
+    for variant in (NCCL_RDMA_JOB, NCCL_EFA_JOB):
+        for o in dh.render(str(variant)):
+            kubernetes_validate.validate(o, K8S_VERSION, strict=True)
     objs = dh.render(str(NCCL_JOB))
     for o in objs:
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)

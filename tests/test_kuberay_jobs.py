@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from service.kuberay_jobs import KubeAPI, KubeRayJobLauncher, priority_class, ra
 from service.launcher import DriverStatus, LaunchRequest
 from tests import deploy_helpers as dh
 from tests.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for
+from workers import protocol
 from workers.config import JobSpec
 from workers.protocol import DriverEnv
 
@@ -159,6 +161,7 @@ class KubeStub:
         self.rayjobs: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, tuple[dict[str, str], str]] = {}  # name → (labels, log)
         self.deleted: list[str] = []
+        self.calls: list[tuple[str, str]] = []  # (method, path) of every authenticated call
         self.reads: Counter[str] = Counter()  # GETs of each RayJob: one per reconciler pass while its job is active
         self.lock = threading.Lock()
         stub = self
@@ -181,6 +184,7 @@ class KubeStub:
                 url = urlparse(self.path)
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
                 with stub.lock:
+                    stub.calls.append((method, url.path))
                     code, out = stub.handle(method, url.path, parse_qs(url.query), body)
                 self.answer(code, out)
 
@@ -401,3 +405,64 @@ def test_an_api_server_refusal_is_retried_then_fails_the_job(tmp_path: Path, kub
         assert kube.rayjobs == {}
     with pytest.raises(RuntimeError, match="HTTP 401"):
         KubeRayJobLauncher(KubeAPI(kube.url, "wrong"), NS, template()).cluster()
+
+
+# -- RBAC: the overlay's Role grants what the launcher calls, nothing more -------------------------
+def rbac_verb(method: str, path: str) -> tuple[str, str, str]:
+    """(API group, resource, verb) the API server authorizes for a call, as RBAC names them."""
+    core = re.fullmatch(rf"/api/v1/namespaces/{NS}/(pods)(?:/([^/]+))?(?:/(log))?", path)
+    ray = re.fullmatch(rf"/apis/ray.io/v1/namespaces/{NS}/(rayjobs)(?:/([^/]+))?", path)
+    m = core or ray
+    assert m, path
+    group = "" if core else "ray.io"
+    resource, name = m.group(1), m.group(2)
+    if core and m.group(3):
+        resource = "pods/log"
+    verbs = {"POST": "create", "DELETE": "delete", "GET": "get" if name else "list"}
+    return group, resource, verbs[method]
+
+
+def test_the_role_grants_exactly_what_the_launcher_calls(kube: KubeStub) -> None:
+    """Every launcher call (submit, status, logs, stop, the readiness check) against the loopback
+    API server, as RBAC verbs, equals the rules of the kueue overlay's Role: no patch, watch,
+    status or Kueue workloads that no code uses."""
+    dh.need_kubectl()
+    launcher = KubeRayJobLauncher(KubeAPI(kube.url, KUBE_TOKEN), NS, template())
+    sid = launcher.submit(request(GPU_SPEC))
+    kube.pods["ringtrain-j0123456789ab-0-abcde"] = ({"job-name": sid}, "driver output")
+    launcher.status(sid)
+    assert launcher.logs(sid) == "driver output"
+    launcher.cluster()
+    launcher.stop(sid)
+    used = {rbac_verb(m, path) for m, path in kube.calls}
+    objs = dh.render_overlay("kueue")
+    role = next(o for o in objs if o["kind"] == "Role")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted - used == set(), "granted but never called"
+    assert used - granted == set(), "called but not granted"
+
+
+# -- one release per cluster: the driver refuses another version than the control plane's ---------
+def test_a_driver_of_another_release_refuses_to_run() -> None:
+    job = rayjob_for(template(), request(GPU_SPEC))
+    env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env["RINGTRAIN_CONTROL_PLANE_VERSION"] == protocol.ringtrain_version()
+    env_of(job).check_version()  # same release: runs
+    newer = mock.patch.object(protocol, "ringtrain_version", return_value="9.9.9")
+    with newer, pytest.raises(protocol.VersionMismatch) as err:
+        env_of(job).check_version()
+    msg = str(err.value)
+    assert "runs 9.9.9" in msg and f"control plane {env['RINGTRAIN_CONTROL_PLANE_VERSION']}" in msg
+    assert "same image tag" in msg and "Upgrading" in msg
+    # a control plane from before the check sends no version: the driver takes its own, runs
+    old = {k: v for k, v in env.items() if k != "RINGTRAIN_CONTROL_PLANE_VERSION"}
+    with mock.patch.dict(os.environ, old, clear=True):
+        driver = protocol.DriverEnv()  # type: ignore[call-arg]
+    assert driver.control_plane_version == protocol.ringtrain_version()
+    driver.check_version()

@@ -10,6 +10,7 @@ after a timeout is always safe.
 from __future__ import annotations
 
 from enum import StrEnum
+from importlib import metadata
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -112,6 +113,18 @@ class ReportAck(BaseModel):
     acked_seq: int
 
 
+def ringtrain_version() -> str:
+    """This installation's ringtrain version ("" when running from a source tree not installed)."""
+    try:
+        return metadata.version("ringtrain")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+class VersionMismatch(RuntimeError):
+    """The driver's ringtrain is not the control plane's: one cluster, two releases."""
+
+
 class DriverEnv(BaseSettings):
     """The driver's environment: written by the control plane's launcher (`to_env`) into the Ray job's runtime_env,
     read by `python -m workers.driver` (`DriverEnv()`). One model for both sides, so they cannot drift."""
@@ -132,6 +145,25 @@ class DriverEnv(BaseSettings):
         description="the control plane holds every point of steps <= this (a resubmitted driver replays "
         "later ones from the metrics journal)",
     )
+
+    control_plane_version: str = Field(
+        default_factory=ringtrain_version,
+        description="the launcher's ringtrain version (set on its side); the driver refuses others",
+    )
+
+    def check_version(self) -> None:
+        """Refuse to run under another ringtrain release than the control plane's: a half-upgraded
+        cluster (new control plane, old Ray pods, or the reverse) speaks two versions of this
+        contract."""
+        mine = ringtrain_version()
+        theirs = self.control_plane_version
+        if mine and theirs and mine != theirs:
+            raise VersionMismatch(
+                f"ringtrain version mismatch: this driver (the Ray image) runs {mine}, the "
+                f"control plane {theirs}. Run one release everywhere: set the same image tag for "
+                "the control plane and the RayCluster and apply both (deploy/README.md, "
+                "Upgrading); submit the job again then."
+            )
 
     def to_env(self) -> dict[str, str]:
         env = {f"RINGTRAIN_{k.upper()}": str(v) for k, v in self.model_dump(exclude={"job_spec"}).items()}

@@ -328,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rc = 1
     try:
+        env.check_version()  # fails the job, with what to do, on a half-upgraded cluster
         os.makedirs(env.checkpoint_dir, exist_ok=True)
         ray.init(
             address=os.environ.get("RAY_ADDRESS") or "auto",
