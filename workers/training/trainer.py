@@ -41,6 +41,7 @@ from workers.training.memory import PeakMemory
 from workers.training.mesh import build_mesh
 from workers.training.optim import build_optimizer, build_scheduler, clip_grad_norm, state_bytes
 from workers.training.parallelize import parallelize
+from workers.training.verify import VerificationFailed, verify
 
 Emit = Callable[[MetricPoint], None]
 
@@ -116,6 +117,7 @@ class Trainer:
         self.resumed_from: int | None = None
         self.last_loss: float | None = None
         self.journal: MetricJournal | None = None
+        self.needs_verification = spec.verify.enabled  # before step 1, or after a resume onto another shape
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def load(self, step: int) -> None:
@@ -128,6 +130,8 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
             self.data.load_state_dict(state["data"])
             self.step, self.resumed_from, self.last_loss = step, step, state.get("extra", {}).get("loss")
+            saved = state.get("extra", {}).get("spec", {}).get("parallel")
+            self.needs_verification = self.spec.verify.enabled and saved != self.spec.parallel.model_dump(mode="json")
         if self.checkpoint_dir is not None:
             self.journal = MetricJournal(self.checkpoint_dir, self.mesh.rank, step)
 
@@ -166,6 +170,26 @@ class Trainer:
         for name, value in passkey_accuracy(self.model, self.spec, self.mesh, self.device).items():
             if self.mesh.rank == 0:
                 self.point(name, value)
+
+    def verify(self) -> None:
+        """Check the distributed forward/backward against a one-rank reference (`training.verify`); emit the
+        result as `verify_*` points and raise `VerificationFailed` (every rank, same reason) when over tolerance."""
+        result = verify(
+            self.model,
+            self.spec,
+            self.mesh,
+            self.device,
+            ulysses_group=self._ulysses_group(),
+            autocast_dtype=torch.bfloat16 if self.device.type == "cuda" else None,  # what `_autocast` trains in
+        )
+        self.needs_verification = False
+        if self.mesh.rank == 0:
+            for name, value in result.metrics().items():
+                self.point(name, value)
+        if not result.passed:
+            if self.mesh.distributed:
+                dist.barrier()  # rank 0's points are in its buffer before any rank's failure ends the job
+            raise VerificationFailed(result.reason())
 
     # -- one step ------------------------------------------------------------------------------------------------
     def _ulysses_group(self) -> dist.ProcessGroup | None:
@@ -245,6 +269,8 @@ class Trainer:
         A stop request on any rank ends every rank after the current step, with a checkpoint."""
         spec = self.spec
         end = spec.train.steps if max_steps is None else min(spec.train.steps, max_steps)
+        if self.needs_verification:
+            self.verify()
         saved_at = evaluated_at = self.step
         stopped = False
         while self.step < end and not stopped:
