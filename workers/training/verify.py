@@ -87,10 +87,11 @@ class Verification:
 
 
 def verification_tokens(spec: JobSpec) -> int:
-    """`spec.verify.tokens` rounded down to what the layout needs (at least one multiple of it)."""
+    """`spec.verify.tokens`, at most the job's own sequence length (what its RoPE settings were validated for),
+    rounded down to what the layout needs (at least one multiple of it)."""
     p = spec.parallel
     need = seq_multiple(p.layout, p.ring_size, p.ulysses_size)
-    return max(need, spec.verify.tokens // need * need)
+    return max(need, min(spec.verify.tokens, spec.data.seq_len) // need * need)
 
 
 def verification_batch(spec: JobSpec, tokens: int) -> Batch:

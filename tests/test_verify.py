@@ -1,0 +1,246 @@
+"""Pre-training verification: every supported shape passes, a wrong attention kernel fails the job before step 1.
+
+The check (`workers.training.verify`) compares the job's distributed forward/backward (FSDP, ring / Ulysses x
+ring, packed documents) with the same model on the gathered sequence under dense one-rank attention. Here it
+runs on real gloo ranks: rings of 1-4 (3 included) on every layout, Ulysses, Ulysses x ring, data parallel,
+packed documents, native and pretrained (a tiny Qwen2 checkpoint) models, fp32 and bf16 (CPU autocast). A
+test-only kernel that drops every off-diagonal block, put in charge through the kernel registry
+(`kernels.use_kernel`), must fail the job before step 1 naming what diverged; a disabled check emits nothing;
+the loss curve is bit-identical with the check on or off; a resume onto another shape checks again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.dist import run_distributed
+from tests.hf_fixtures import CORPUS, write_checkpoint
+from tests.trainutil import one_thread, series, tiny_spec, train
+from workers.attention.kernels import TorchCpuFlash
+from workers.config import JobSpec
+
+assert one_thread  # autouse fixture, imported to apply to this module
+
+DOCS = "\n".join(f"document {i}: " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(5 + 9 * (i % 5))) for i in range(40))
+
+
+@dataclass(frozen=True)
+class DropsOffDiagonal(TorchCpuFlash):
+    """A wrong kernel: every block that is not a causal diagonal block contributes nothing (a lost ring step)."""
+
+    name: str = "test_drops_off_diagonal"
+
+    def forward(self, q, k, v, causal, scale):
+        if causal:
+            return super().forward(q, k, v, causal, scale)
+        b, sq, h, _ = q.shape
+        return torch.zeros_like(q), torch.full((b, h, sq), -1e4, dtype=torch.float32)
+
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
+        if causal:
+            return super().backward(dout, q, k, v, out, lse, causal, scale)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+
+def _docs_spec(tmp: Path, **parallel: Any) -> JobSpec:
+    corpus = tmp / "docs.jsonl"
+    if not corpus.exists():
+        corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS.splitlines()))
+    return tiny_spec(
+        data={"kind": "text", "path": str(corpus), "seq_len": 96, "pack": "documents"},
+        parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel},
+    )
+
+
+def _hf_spec(tmp: Path, **parallel: Any) -> JobSpec:
+    model_dir = tmp / "qwen2"
+    if not model_dir.exists():
+        write_checkpoint(model_dir, "qwen2")
+    corpus = tmp / "corpus.txt"
+    corpus.write_text(CORPUS)
+    return tiny_spec(
+        model={"kind": "hf", "path": str(model_dir)},
+        data={"kind": "text", "path": str(corpus), "seq_len": 128},
+        parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel},
+    )
+
+
+def _shape(**parallel: Any) -> JobSpec:
+    return tiny_spec(parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel})
+
+
+def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Build each case's trainer and run the check in fp32 and in bf16 (CPU autocast); the results (any rank)."""
+    from workers.training.trainer import Trainer
+    from workers.training.verify import verify
+
+    out = []
+    for label, spec_json in cases:
+        spec = JobSpec.model_validate_json(spec_json)
+        t = Trainer(spec, checkpoint_dir=None, emit=lambda p: None)
+        for dtype in (None, torch.bfloat16):
+            v = verify(t.model, spec, t.mesh, t.device, ulysses_group=t._ulysses_group(), autocast_dtype=dtype)
+            assert all(p.grad is None for p in t.model.parameters())  # nothing left for the first step
+            out.append({"case": label, **asdict(v), "passed": v.passed})
+    return out
+
+
+def _check(results: list[dict[str, Any]], expected: int) -> None:
+    assert len(results) == 2 * expected
+    for r in results:
+        print(f"{r['case']:<32} {r['dtype']:<9} max_rel_err {r['max_rel_err']:.2e} ({r['worst']})", end="")
+        print(f"  fp32 ref {r['fp32_rel_err']:.2e}" if r["fp32_rel_err"] is not None else "", f"{r['seconds']:.2f}s")
+        assert r["passed"], r
+        assert r["max_rel_err"] > 0  # the two paths really are different computations
+        if r["dtype"] == "float32":
+            assert r["max_rel_err"] < 1e-5 and r["fp32_rel_err"] is None
+        else:
+            assert 1e-4 < r["max_rel_err"] < 3e-2 and 1e-4 < r["fp32_rel_err"] < 3e-2  # bf16 rounding, no more
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_every_supported_shape_passes(tmp_path: Path) -> None:
+    one = [("ring 1 native", _shape()), ("ring 1 qwen2", _hf_spec(tmp_path))]
+    two = [
+        ("ring 2 zigzag", _shape(ring_size=2)),
+        ("ulysses 2", _shape(ulysses_size=2)),
+        ("ring 2 striped packed docs", _docs_spec(tmp_path, ring_size=2, layout="striped")),
+        ("ring 2 qwen2 packed docs", _hf_spec(tmp_path, ring_size=2)),
+    ]
+    three = [("ring 3 striped", _shape(ring_size=3, layout="striped")), ("ring 3 packed docs", _docs_spec(tmp_path, ring_size=3))]
+    four = [
+        ("ring 4 contiguous", _shape(ring_size=4, layout="contiguous")),
+        ("ulysses 2 x ring 2", _shape(ring_size=2, ulysses_size=2)),
+        ("dp 2 x ring 2 qwen2", _hf_spec(tmp_path, ring_size=2, data_parallel=2)),
+    ]
+    for world, cases in ((1, one), (2, two), (3, three), (4, four)):
+        _check(run_distributed(_verify_all, world, [(n, s.model_dump_json()) for n, s in cases])[0], len(cases))
+
+
+def _train_broken(rank: int, world: int, spec_json: str) -> dict[str, Any]:
+    from workers.attention.kernels import use_kernel
+    from workers.training.trainer import run_training
+    from workers.training.verify import VerificationFailed
+
+    points: list[Any] = []
+    with use_kernel(DropsOffDiagonal()):
+        try:
+            run_training(JobSpec.model_validate_json(spec_json), checkpoint_dir=None, emit=points.append)
+        except VerificationFailed as e:
+            return {"error": str(e), "points": [p.model_dump() for p in points]}
+    return {"error": None, "points": [p.model_dump() for p in points]}
+
+
+@pytest.mark.multiprocess
+def test_a_kernel_that_drops_a_block_fails_the_job_before_step_1() -> None:
+    results = run_distributed(_train_broken, 2, _shape(ring_size=2).model_dump_json())
+    errors = {r["error"] for r in results}
+    assert len(errors) == 1 and None not in errors  # every rank raises, with the same reason
+    reason = errors.pop()
+    assert reason.startswith("verification failed before step 1: ")
+    assert "differs from the one-rank reference by" in reason and "tolerance 0.0001 for float32" in reason
+    points = {p["name"]: p for p in results[0]["points"]}
+    assert "loss" not in points  # no step ran
+    assert points["verify_passed"]["value"] == 0.0 and points["verify_passed"]["step"] == 0
+    assert points["verify_max_rel_err"]["value"] > 0.05  # a lost block is no rounding error
+    assert f"{points['verify_max_rel_err']['value']:.3g}" in reason
+    assert not results[1]["points"]  # rank 0 reports the job's result
+
+
+def _on_off(rank: int, world: int, spec_on: str, spec_off: str) -> dict[str, Any]:
+    on = train(rank, world, spec_on, None, 3)["points"]
+    off = train(rank, world, spec_off, None, 3)["points"]
+    return {"on": on, "off": off}
+
+
+@pytest.mark.multiprocess
+def test_loss_curve_is_bit_identical_with_verification_on_or_off() -> None:
+    spec = _shape(ring_size=3, layout="striped")
+    off = spec.model_copy(update={"verify": spec.verify.model_copy(update={"enabled": False})})
+    r = run_distributed(_on_off, 3, spec.model_dump_json(), off.model_dump_json())[0]
+    assert len(series(r["on"], "loss")) == 3
+    for name in ("loss", "grad_norm"):
+        assert series(r["on"], name) == series(r["off"], name)  # exactly equal, not close
+    names_on = {p["name"] for p in r["on"] if p["name"].startswith("verify_")}
+    assert names_on == {"verify_max_rel_err", "verify_tolerance", "verify_passed", "verify_tokens", "verify_seconds"}
+    assert not [p for p in r["off"] if p["name"].startswith("verify_")]  # disabled: nothing emitted, nothing run
+
+
+def _resume(rank: int, world: int, spec_json: str, ckpt: str) -> list[list[str]]:
+    first = train(rank, world, spec_json, ckpt, 4)["points"]  # resumes a ring-1 checkpoint onto a ring of 2
+    again = train(rank, world, spec_json, ckpt, 6)["points"]  # resumes its own ring-2 checkpoint
+    return [[f"{p['name']}@{p['step']}" for p in pts if p["name"] == "verify_passed"] for pts in (first, again)]
+
+
+@pytest.mark.multiprocess
+def test_a_resume_onto_another_parallel_shape_verifies_again(tmp_path: Path) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    ring1 = _shape().model_copy(update={"checkpoint": _shape().checkpoint.model_copy(update={"every_steps": 2})})
+    fresh = train(0, 1, ring1.model_dump_json(), ckpt, 2)["points"]
+    assert [p["step"] for p in fresh if p["name"] == "verify_passed"] == [0]
+    ring2 = ring1.model_copy(update={"parallel": ring1.parallel.model_copy(update={"ring_size": 2})})
+    moved, same = run_distributed(_resume, 2, ring2.model_dump_json(), ckpt)[0]
+    assert moved == ["verify_passed@2"]
+    assert same == []
+
+
+def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
+    """bf16 ring attention with every buffer the ring sends recorded, and its merged forward state."""
+    import workers.attention.ring as ring
+    from workers.attention.comm import RingComm
+    from workers.attention.layouts import shard_positions
+    from workers.training.verify import dense_attention
+
+    sent: list[torch.dtype] = []
+
+    class Recording(RingComm):
+        def send_recv(self, send: torch.Tensor) -> None:
+            sent.append(send.dtype)
+            super().send_recv(send)
+
+    ring.RingComm = Recording  # type: ignore[misc]  # the real exchange, recorded
+    gen = torch.Generator().manual_seed(3)
+    s = 24 * world
+    q, dout = torch.randn(1, s, 4, 16, generator=gen), torch.randn(1, s, 4, 16, generator=gen)
+    k, v = torch.randn(1, s, 2, 16, generator=gen), torch.randn(1, s, 2, 16, generator=gen)
+    rows = shard_positions(s, "zigzag", rank, world)
+    mine = [x[:, rows].to(torch.bfloat16).requires_grad_() for x in (q, k, v)]
+    steps = ring._steps(mine[0], True, "zigzag", rank, world, 16**-0.5, None)
+    merged_out, merged_lse = ring._forward(*mine, steps, Recording(None), world, True)
+    forward_sends = list(sent)
+    out = ring.ring_attention(*mine, layout="zigzag")
+    out.backward(dout[:, rows].to(torch.bfloat16))
+    backward_sends = sent[2 * len(forward_sends) :]
+    full = [x.to(torch.bfloat16).float().requires_grad_() for x in (q, k, v)]
+    ref = dense_attention(*full)
+    ref.backward(dout.to(torch.bfloat16).float())
+    errs = [
+        float((a.float() - b[:, rows]).norm() / b[:, rows].norm())
+        for a, b in [(out, ref), *((m.grad, f.grad) for m, f in zip(mine, full, strict=True))]
+    ]
+    return {
+        "merged": [str(merged_out.dtype), str(merged_lse.dtype)],
+        "forward_sends": [str(d) for d in forward_sends],
+        "backward_sends": [str(d) for d in backward_sends],
+        "grad_dtypes": [str(m.grad.dtype) for m in mine],
+        "errors": errs,
+    }
+
+
+@pytest.mark.multiprocess
+def test_bf16_ring_merges_and_sends_gradients_in_fp32() -> None:
+    world = 3
+    for r in run_distributed(_bf16_ring, world):
+        assert r["merged"] == ["torch.float32", "torch.float32"]  # the online-softmax merge runs in fp32
+        assert r["forward_sends"] == ["torch.bfloat16"] * (world - 1)  # K/V travel in the compute dtype
+        # backward: K/V on the way round (world - 1), dK/dV one step behind them, all the way back home (world)
+        assert sorted(r["backward_sends"]) == sorted(["torch.bfloat16"] * (world - 1) + ["torch.float32"] * world)
+        assert r["grad_dtypes"] == ["torch.bfloat16"] * 3  # returned in the input dtype
+        assert max(r["errors"]) < 1e-2, r["errors"]  # bf16 inputs against fp32 math: rounding only
