@@ -18,7 +18,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, insert, select, text
+from sqlalchemy import ColumnElement, Engine, delete, func, insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import lifecycle
@@ -232,9 +232,14 @@ class Store:
             return job
 
     def list_jobs(
-        self, owner: str | None, state: Sequence[str] | None = None, limit: int = 50, offset: int = 0
+        self,
+        owner: str | None,
+        state: Sequence[str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        where: Sequence[ColumnElement[bool]] = (),  # further conditions, e.g. service.verification.verification_is
     ) -> tuple[list[Job], int]:
-        q = select(Job)
+        q = select(Job).where(*where)
         if owner is not None:
             q = q.where(Job.owner == owner)
         if state:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from workers.config import JobSpec, seq_multiple
@@ -252,8 +251,10 @@ def _attention_vs_fp32(
     ref = dense_attention(*full, cu_seqlens=batch.cu_seqlens.to(device) if batch.cu_seqlens is not None else None)
     ref.backward(dout.float())
     pairs = [(out.detach(), ref.detach()[:, rows])]
-    pairs += [(a.grad, r.grad[:, rows]) for a, r in zip(mine, full, strict=True)]  # type: ignore[index]
-    return max(_relative_errors(pairs, distributed))  # type: ignore[arg-type]
+    for a, r in zip(mine, full, strict=True):
+        assert a.grad is not None and r.grad is not None
+        pairs.append((a.grad, r.grad[:, rows]))
+    return max(_relative_errors(pairs, distributed))
 
 
 def verify(
@@ -271,8 +272,9 @@ def verify(
     t0 = time.perf_counter()
     tokens = verification_tokens(spec)
     batch = verification_batch(spec, tokens)
+    layout = spec.parallel.layout
     local = take_shard(
-        batch, dp_index=0, dp_size=1, layout=spec.parallel.layout, ring_group=mesh.ring_group, ulysses_group=ulysses_group
+        batch, dp_index=0, dp_size=1, layout=layout, ring_group=mesh.ring_group, ulysses_group=ulysses_group
     ).to(device)
     whole = batch.to(device)
     rows = local.positions.to(device)
@@ -301,9 +303,7 @@ def verify(
         model.zero_grad(set_to_none=True)
         model.train(was_training)
     names = ["logits", *(f"gradient of {_param_name(n)}" for n, _ in model.named_parameters())]
-    errors = _relative_errors(
-        [(got_logits, ref_logits), *zip(got_grads, ref_grads, strict=True)], mesh.distributed
-    )
+    errors = _relative_errors([(got_logits, ref_logits), *zip(got_grads, ref_grads, strict=True)], mesh.distributed)
     worst = max(range(len(errors)), key=lambda i: -1.0 if math.isnan(errors[i]) else errors[i])
     if any(math.isnan(e) for e in errors):
         worst = next(i for i, e in enumerate(errors) if math.isnan(e))
