@@ -94,6 +94,7 @@ export function mountJob(root, jobId) {
           h("dt", {}, "Created"), h("dd", { title: job.created_at }, `${age(job.created_at)} ago`),
           job.queue_position != null ? [h("dt", {}, "Queue"), h("dd#job-queue", {},
             `#${job.queue_position} (priority ${job.priority ?? 0}): ${job.queue_reason || "waiting"}`)] : null,
+          h("dt", {}, "Verified"), h("dd#job-verification", {}, verificationBadge(job)),
           h("dt", {}, "Restarts"), h("dd", {}, `${job.restarts} of ${job.spec?.max_restarts ?? "?"}`),
           h("dt", {}, "Ring"), h("dd", {}, `${job.spec?.parallel?.ring_size ?? "?"} × ${job.spec?.parallel?.data_parallel ?? 1}` +
             ` (${job.spec?.parallel?.layout ?? ""}), seq_len ${job.spec?.data?.seq_len ?? "?"}`),
@@ -104,6 +105,19 @@ export function mountJob(root, jobId) {
       errorBox.hidden = false;
       errorBox.replaceChildren(h("h2", {}, "Error"), h("pre", {}, job.error));
     } else errorBox.hidden = true;
+  }
+
+  // The pre-training check of the job's math (derived by the server from the verify_* points).
+  function verificationBadge(j) {
+    const v = j.verification;
+    if (!v) return h("span.muted", {}, j.spec?.verify?.enabled === false ? "disabled" : "not yet");
+    const err = v.max_rel_err == null ? "non-finite" : v.max_rel_err.toExponential(1);
+    const tol = v.tolerance == null ? "?" : v.tolerance.toExponential(0);
+    const fp32 = v.fp32_rel_err == null ? "" : `, ${v.fp32_rel_err.toExponential(1)} vs fp32`;
+    return h(`span.verify.${v.passed ? "verify-passed" : "verify-failed"}`,
+      { title: `distributed forward/backward against a one-rank reference on ${v.tokens} random tokens` +
+          (v.seconds == null ? "" : `, ${fmtSeconds(v.seconds)}`) },
+      `${v.passed ? "passed" : "failed"}: error ${err} ${v.passed ? "≤" : ">"} tolerance ${tol}${fp32}`);
   }
 
   const renderRingSoon = throttled(() => {
@@ -171,6 +185,7 @@ export function mountJob(root, jobId) {
     const chart = charts.get(p.name);
     if (chart) chart.push(p.step, p.rank, p.value);
     notePoint(p.name, p.rank, p.step, p.value);
+    if (p.name === "verify_passed") refreshJob();  // the job's `verification` is derived on the server
     if (job && p.rank === null && p.step > job.step && !TERMINAL.has(job.state)) {
       job.step = p.step;
       job.latest_metrics ||= {};
