@@ -152,7 +152,7 @@ def test_a_kernel_that_drops_a_block_fails_the_job_before_step_1() -> None:
     assert len(errors) == 1 and None not in errors  # every rank raises, with the same reason
     reason = errors.pop()
     assert reason.startswith("verification failed before step 1: ")
-    assert "differs from the one-rank reference by" in reason and "tolerance 0.0001 for float32" in reason
+    assert "largest difference from the one-rank reference in " in reason and "tolerance 0.0001 for float32" in reason
     points = {p["name"]: p for p in results[0]["points"]}
     assert "loss" not in points  # no step ran
     assert points["verify_passed"]["value"] == 0.0 and points["verify_passed"]["step"] == 0

@@ -16,8 +16,8 @@ from api.cli import main
 from tests.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for
 
 REASON = (
-    "verification failed before step 1: gradient of layers.0.attn.wq.weight differs from the one-rank reference "
-    "by 0.473 relative (tolerance 0.0001 for float32, 128 tokens)"
+    "verification failed before step 1: largest difference from the one-rank reference in gradient of "
+    "layers.0.attn.wq.weight: 0.473 relative (tolerance 0.0001 for float32, 128 tokens)"
 )
 
 

@@ -37,10 +37,11 @@ from workers.training.loss import linear_cross_entropy_sum
 from workers.training.mesh import Mesh
 
 # Largest relative error (logits or any parameter's gradient) a job may show against the reference, per compute
-# dtype. fp32: measured <= 2e-6 on every supported shape (README, "Verification"), so 1e-4 leaves 50x headroom
-# and still catches any real math error (a dropped block, a wrong mask or position: 1e-2 and up). bf16/fp16:
-# rounding of the block outputs and of every activation, measured up to 1.6e-2 (bf16), hence 6e-2.
-TOLERANCES: dict[torch.dtype, float] = {torch.float32: 1e-4, torch.bfloat16: 6e-2, torch.float16: 2e-2}
+# dtype. fp32: measured <= 1.6e-6 on every supported shape (README, "Verification"), so 1e-4 leaves 60x headroom
+# and still catches any real math error (a dropped block, a wrong mask or position: 1e-2 and up). bf16:
+# rounding of the block outputs and of every activation, measured <= 6.2e-3 (CPU autocast, 2 layers; it grows
+# with depth), hence 5e-2; fp16 carries 3 more mantissa bits than bf16.
+TOLERANCES: dict[torch.dtype, float] = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 SEED_OFFSET = 0x5EED  # the check's inputs come from the job seed but never coincide with its data stream
 
 
@@ -67,7 +68,7 @@ class Verification:
     def reason(self) -> str:
         verdict = "passed" if self.passed else "failed before step 1"
         return (
-            f"verification {verdict}: {self.worst} differs from the one-rank reference by "
+            f"verification {verdict}: largest difference from the one-rank reference in {self.worst}: "
             f"{self.max_rel_err:.3g} relative (tolerance {self.tolerance:.3g} for {self.dtype}, {self.tokens} tokens)"
         )
 
