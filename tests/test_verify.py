@@ -198,6 +198,18 @@ def test_a_resume_onto_another_parallel_shape_verifies_again(tmp_path: Path) -> 
     assert same == []
 
 
+def test_a_retry_from_the_same_start_does_not_verify_twice(tmp_path: Path) -> None:
+    """A second attempt that starts where a verified one did (a driver lost before its first checkpoint) finds
+    the passed check in rank 0's journal: its points are stored already and would be stored twice."""
+    from workers.training.trainer import run_training
+
+    spec = _shape()
+    for expected in (["verify_passed@0"], []):
+        points: list[Any] = []
+        run_training(spec, checkpoint_dir=tmp_path, emit=points.append, max_steps=1, resume_step=0)
+        assert [f"{p.name}@{p.step}" for p in points if p.name == "verify_passed"] == expected
+
+
 def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
     """bf16 ring attention with every buffer the ring sends recorded, and its merged forward state."""
     import workers.attention.ring as ring

@@ -33,7 +33,7 @@ from workers.models import SequenceParallel, attention_backend, save_pretrained
 from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
 from workers.training.evals import passkey_accuracy
-from workers.training.journal import MetricJournal
+from workers.training.journal import MetricJournal, read_journal
 from workers.training.lease import Lease
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.materialize import materialize, skeleton
@@ -133,7 +133,22 @@ class Trainer:
             saved = state.get("extra", {}).get("spec", {}).get("parallel")
             self.needs_verification = self.spec.verify.enabled and saved != self.spec.parallel.model_dump(mode="json")
         if self.checkpoint_dir is not None:
+            if self.needs_verification and self._verified_at(step):
+                self.needs_verification = False  # an earlier attempt checked this start: its points are stored
             self.journal = MetricJournal(self.checkpoint_dir, self.mesh.rank, step)
+
+    def _verified_at(self, step: int) -> bool:
+        """Whether rank 0's journal holds a passed verification at `step` (an earlier attempt of this job that
+        started here); every rank gets rank 0's answer. Checking again would store the same points twice."""
+        assert self.checkpoint_dir is not None
+        done = self.mesh.rank == 0 and any(
+            p.name == "verify_passed" and p.step == step and p.value == 1.0
+            for p in read_journal(self.checkpoint_dir, 0)
+        )
+        flag = torch.tensor([1.0 if done else 0.0], device=self.device)
+        if self.mesh.distributed:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
 
     def latest_checkpoint(self) -> int:
         return (latest_step(self.checkpoint_dir) or 0) if self.checkpoint_dir is not None else 0
