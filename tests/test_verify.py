@@ -89,7 +89,14 @@ def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dic
         # bf16 under CPU autocast for native models only: transformers' RoPE output stays fp32 under CPU autocast
         # with fp32 parameters (q/k fp32, v bf16); bf16 training is CUDA, where FSDP's parameters are bf16 too
         for dtype in (None, torch.bfloat16) if spec.model.kind == "native" else (None,):
-            v = verify(t.model, spec, t.mesh, t.device, ulysses_group=t._ulysses_group(), autocast_dtype=dtype)
+            v = verify(
+                t.model,
+                spec,
+                t.mesh,
+                t.device,
+                ulysses_group=t._ulysses_group(),
+                autocast_dtype=dtype,
+            )
             assert all(p.grad is None for p in t.model.parameters())  # nothing left for the first step
             out.append({"case": label, **asdict(v), "passed": v.passed})
     return out
@@ -98,8 +105,14 @@ def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dic
 def _check(results: list[dict[str, Any]], cases: list[tuple[str, JobSpec]]) -> None:
     assert len(results) == sum(2 if s.model.kind == "native" else 1 for _, s in cases)
     for r in results:
-        print(f"{r['case']:<32} {r['dtype']:<9} max_rel_err {r['max_rel_err']:.2e} ({r['worst']})", end="")
-        print(f"  fp32 ref {r['fp32_rel_err']:.2e}" if r["fp32_rel_err"] is not None else "", f"{r['seconds']:.2f}s")
+        print(
+            f"{r['case']:<32} {r['dtype']:<9} max_rel_err {r['max_rel_err']:.2e} ({r['worst']})",
+            end="",
+        )
+        print(
+            f"  fp32 ref {r['fp32_rel_err']:.2e}" if r["fp32_rel_err"] is not None else "",
+            f"{r['seconds']:.2f}s",
+        )
         assert r["passed"], r
         assert r["max_rel_err"] > 0  # the two paths really are different computations
         if r["dtype"] == "float32":
@@ -114,6 +127,10 @@ def test_every_supported_shape_passes(tmp_path: Path) -> None:
     one = [("ring 1 native", _shape()), ("ring 1 qwen2", _hf_spec(tmp_path))]
     two = [
         ("ring 2 zigzag", _shape(ring_size=2)),
+        (
+            "ring 2 activation checkpointing",
+            tiny_spec(parallel={"ring_size": 2}, train={"activation_checkpointing": True}),
+        ),
         ("ulysses 2", _shape(ulysses_size=2)),
         ("ring 2 striped packed docs", _docs_spec(tmp_path, ring_size=2, layout="striped")),
         ("ring 2 qwen2 packed docs", _hf_spec(tmp_path, ring_size=2)),
@@ -128,7 +145,10 @@ def test_every_supported_shape_passes(tmp_path: Path) -> None:
         ("dp 2 x ring 2 qwen2", _hf_spec(tmp_path, ring_size=2, data_parallel=2)),
     ]
     for world, cases in ((1, one), (2, two), (3, three), (4, four)):
-        _check(run_distributed(_verify_all, world, [(n, s.model_dump_json()) for n, s in cases])[0], cases)
+        _check(
+            run_distributed(_verify_all, world, [(n, s.model_dump_json()) for n, s in cases])[0],
+            cases,
+        )
 
 
 def _train_broken(rank: int, world: int, spec_json: str) -> dict[str, Any]:
@@ -176,7 +196,13 @@ def test_loss_curve_is_bit_identical_with_verification_on_or_off() -> None:
     for name in ("loss", "grad_norm"):
         assert series(r["on"], name) == series(r["off"], name)  # exactly equal, not close
     names_on = {p["name"] for p in r["on"] if p["name"].startswith("verify_")}
-    assert names_on == {"verify_max_rel_err", "verify_tolerance", "verify_passed", "verify_tokens", "verify_seconds"}
+    assert names_on == {
+        "verify_max_rel_err",
+        "verify_tolerance",
+        "verify_passed",
+        "verify_tokens",
+        "verify_seconds",
+    }
     assert not [p for p in r["off"] if p["name"].startswith("verify_")]  # disabled: nothing emitted, nothing run
 
 
@@ -257,7 +283,10 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
 def test_bf16_ring_merges_and_sends_gradients_in_fp32() -> None:
     world = 3
     for r in run_distributed(_bf16_ring, world):
-        assert r["merged"] == ["torch.float32", "torch.float32"]  # the online-softmax merge runs in fp32
+        assert r["merged"] == [
+            "torch.float32",
+            "torch.float32",
+        ]  # the online-softmax merge runs in fp32
         assert r["forward_sends"] == ["torch.bfloat16"] * (world - 1)  # K/V travel in the compute dtype
         # backward: K/V on the way round (world - 1), dK/dV one step behind them, all the way back home (world)
         assert sorted(r["backward_sends"]) == sorted(["torch.bfloat16"] * (world - 1) + ["torch.float32"] * world)

@@ -69,7 +69,10 @@ def test_verification_is_derived_filtered_and_printed(srv: Any, capsys: pytest.C
     }  # fmt: skip
     assert got[bad]["verification"]["passed"] is False and got[bad]["verification"]["max_rel_err"] == 0.473
     assert got[bad]["state"] == "FAILED" and got[bad]["error"] == REASON  # what diverged, and by how much
-    assert got[off]["verification"] is None and got[off]["spec"]["verify"] == {"enabled": False, "tokens": 256}
+    assert got[off]["verification"] is None and got[off]["spec"]["verify"] == {
+        "enabled": False,
+        "tokens": 256,
+    }
 
     def listed(**params: str) -> list[str]:
         page = c.get("/v1/jobs", params=params)

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from tests.api_harness import Server, make_settings, roomy_launcher
-from tests.browser_fixtures import ALICE, TOKEN_KEY, capture_errors, create_job, shot, start_running, wait_js
+from tests.browser_fixtures import (
+    ALICE,
+    TOKEN_KEY,
+    capture_errors,
+    create_job,
+    shot,
+    start_running,
+    wait_js,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 

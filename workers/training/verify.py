@@ -1,21 +1,25 @@
-"""Every job proves its math before it spends the cluster: the distributed path against a one-rank reference.
+"""Every job proves its math before it spends the cluster: the distributed path against a reference.
 
-Before step 1 (and after a resume onto another parallel shape) each rank runs forward and backward of the
-job's own model on a short random sequence (`spec.verify.tokens`, seeded, identical on every rank) twice:
+Before step 1 (and after a resume onto another parallel shape) each rank runs forward and backward
+of the job's own model on a short random sequence (`spec.verify.tokens`, seeded, identical on every
+rank) twice:
 
-- distributed: exactly as training runs it (FSDP as configured, ring / Ulysses x ring attention with the
-  chosen block kernels and layout, packed documents when the data is packed, the job's compute dtype);
-- reference: the *same* FSDP model on the whole gathered sequence on every rank, with attention swapped for
-  plain dense causal attention on one process (fp32 math, document mask when packed; `dense_attention`).
-  FSDP still gathers the parameters one block at a time, so the reference fits wherever training fits;
-  its extra cost is one forward/backward of the short sequence on every rank.
+- distributed: exactly as training runs it (FSDP as configured, ring or Ulysses x ring attention
+  with the chosen block kernels and layout, packed documents when the data is packed, the compute
+  dtype);
+- reference: the *same* FSDP model, every rank on the whole gathered sequence, with attention
+  swapped for plain dense causal attention on one process (`dense_attention`: fp32 math, a document
+  mask when packed, none of the ring's code). FSDP still gathers the parameters one block at a
+  time, so the reference fits wherever training fits; it costs one forward/backward of the short
+  sequence.
 
-It compares the logits and every parameter's gradient (relative Frobenius error, all-reduced over the
-ranks) and reports the largest. Low-precision jobs also report the attention op alone (their q/k/v, ring
-or Ulysses x ring in bf16) against an fp32 dense reference: how far bf16 itself moves the result.
+It compares the logits and every parameter's gradient (relative Frobenius error, sums of squares
+all-reduced over the ranks) and reports the largest. Low-precision jobs also report the attention op
+alone (their q/k/v shapes, ring or Ulysses x ring, in bf16) against an fp32 dense reference.
 
-Training is not disturbed: no optimizer step, gradients set to None afterwards, RNG state restored and the
-model's sequence-parallel setting put back, so the loss curve is bit-identical with verification on or off.
+Training is not disturbed: no optimizer step, gradients back to None, RNG state restored and the
+model's sequence-parallel setting put back, so the loss curve is bit-identical with the check on or
+off.
 """
 
 from __future__ import annotations
@@ -36,13 +40,18 @@ from workers.models import PretrainedLM, RingModel, SequenceParallel
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.mesh import Mesh
 
-# Largest relative error (logits or any parameter's gradient) a job may show against the reference, per compute
-# dtype. fp32: measured <= 1.6e-6 on every supported shape (README, "Verification"), so 1e-4 leaves 60x headroom
-# and still catches any real math error (a dropped block, a wrong mask or position: 1e-2 and up). bf16:
-# rounding of the block outputs and of every activation, measured <= 6.2e-3 (CPU autocast, 2 layers; it grows
-# with depth), hence 5e-2; fp16 carries 3 more mantissa bits than bf16.
-TOLERANCES: dict[torch.dtype, float] = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
-SEED_OFFSET = 0x5EED  # the check's inputs come from the job seed but never coincide with its data stream
+# The largest relative error (logits or any parameter's gradient) a job may show against the
+# reference, per compute dtype. fp32: measured <= 1.6e-6 on every supported shape (README,
+# "Verification"), so 1e-4 leaves 60x headroom and still catches any real math error (a dropped
+# block, a wrong mask or position: 1e-2 and up). bf16: rounding of the block outputs and of every
+# activation, measured <= 6.2e-3 (CPU autocast, 2 layers; it grows with depth), hence 5e-2. fp16
+# keeps 3 more mantissa bits than bf16.
+TOLERANCES: dict[torch.dtype, float] = {
+    torch.float32: 1e-4,
+    torch.bfloat16: 5e-2,
+    torch.float16: 1e-2,
+}
+SEED_OFFSET = 0x5EED  # the check's inputs come from the job seed, apart from its data stream
 
 
 class VerificationFailed(RuntimeError):
@@ -59,7 +68,7 @@ class Verification:
     tokens: int
     seconds: float
     dtype: str  # the compute dtype checked, e.g. "float32", "bfloat16"
-    fp32_rel_err: float | None = None  # low precision only: the attention op against an fp32 reference
+    fp32_rel_err: float | None = None  # low precision only: the attention op against fp32
 
     @property
     def passed(self) -> bool:
@@ -67,13 +76,14 @@ class Verification:
 
     def reason(self) -> str:
         verdict = "passed" if self.passed else "failed before step 1"
+        limit = f"tolerance {self.tolerance:.3g} for {self.dtype}, {self.tokens} tokens"
         return (
-            f"verification {verdict}: largest difference from the one-rank reference in {self.worst}: "
-            f"{self.max_rel_err:.3g} relative (tolerance {self.tolerance:.3g} for {self.dtype}, {self.tokens} tokens)"
+            f"verification {verdict}: largest difference from the one-rank reference in "
+            f"{self.worst}: {self.max_rel_err:.3g} relative ({limit})"
         )
 
     def metrics(self) -> dict[str, float]:
-        """The metric points a job emits (names the control plane derives the job's `verification` from)."""
+        """The metric points a job emits (the control plane derives `verification` from them)."""
         out = {
             "verify_max_rel_err": self.max_rel_err,
             "verify_tolerance": self.tolerance,
@@ -87,33 +97,36 @@ class Verification:
 
 
 def verification_tokens(spec: JobSpec) -> int:
-    """`spec.verify.tokens`, at most the job's own sequence length (what its RoPE settings were validated for),
-    rounded down to what the layout needs (at least one multiple of it)."""
+    """`spec.verify.tokens`, at most the job's own sequence length (what its RoPE settings were
+    validated for), rounded down to what the layout needs (at least one multiple of it)."""
     p = spec.parallel
     need = seq_multiple(p.layout, p.ring_size, p.ulysses_size)
     return max(need, min(spec.verify.tokens, spec.data.seq_len) // need * need)
 
 
 def verification_batch(spec: JobSpec, tokens: int) -> Batch:
-    """One random sequence of `tokens` tokens from the job's seed; random documents when the data is packed."""
+    """One random sequence of `tokens` tokens from the job's seed (random token weights too);
+    random documents when the data is packed."""
     gen = torch.Generator().manual_seed(spec.train.seed + SEED_OFFSET)
     ids = torch.randint(0, spec.model.vocab_size, (1, tokens + 1), generator=gen)
     batch = from_windows(ids, torch.rand((1, tokens), generator=gen) + 0.5)
     if spec.data.kind == "text" and spec.data.pack == "documents":
         cuts = torch.randperm(tokens - 1, generator=gen)[: max(1, tokens // 48)] + 1
-        bounds = [0, *sorted(int(c) for c in cuts), tokens]
-        starts = torch.tensor(bounds[:-1]).repeat_interleave(torch.tensor(bounds[1:]) - torch.tensor(bounds[:-1]))
-        batch.cu_seqlens = torch.tensor(bounds, dtype=torch.int32)
+        bounds = torch.tensor([0, *sorted(int(c) for c in cuts), tokens])
+        starts = bounds[:-1].repeat_interleave(bounds[1:] - bounds[:-1])
+        batch.cu_seqlens = bounds.to(torch.int32)
         batch.doc_positions = (torch.arange(tokens) - starts)[None]
     return batch
 
 
 def _document_ids(cu_seqlens: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
-    """[batch, seq] document index of every token, for both `cu_seqlens` forms `ring_attention` accepts."""
+    """[batch, seq] document index of every token, for both forms of `cu_seqlens` that
+    `ring_attention` accepts (one set of boundaries for all rows, or one per row, flattened)."""
     cu = cu_seqlens.to(torch.int64)
-    if int(cu[-1]) == seq:
-        return torch.bucketize(torch.arange(seq, device=cu.device), cu[1:], right=True).expand(batch, seq)
-    return torch.bucketize(torch.arange(batch * seq, device=cu.device), cu[1:], right=True).view(batch, seq)
+    per_row = int(cu[-1]) != seq
+    tokens = torch.arange(batch * seq if per_row else seq, device=cu.device)
+    ids = torch.bucketize(tokens, cu[1:], right=True)
+    return ids.view(batch, seq) if per_row else ids.expand(batch, seq)
 
 
 def dense_attention(
@@ -124,10 +137,10 @@ def dense_attention(
     softmax_scale: float | None = None,
     cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal softmax attention of a whole sequence on one process, in fp32 (fp64 for fp64): the reference.
+    """Causal softmax attention of a whole sequence on one process in fp32 (fp64 for fp64).
 
-    [batch, seq, heads, head_dim] in and out (k/v may have fewer heads: GQA); `cu_seqlens` restricts each
-    token to its own packed document. Plain differentiable torch ops, none of the ring's code."""
+    [batch, seq, heads, head_dim] in and out (k/v may have fewer heads: GQA); `cu_seqlens` keeps
+    each token inside its packed document. Plain differentiable torch ops: the reference."""
     b, s, h, d = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = softmax_scale if softmax_scale is not None else d**-0.5
@@ -147,7 +160,7 @@ def dense_attention(
 
 @dataclass(frozen=True)
 class OneRankAttention(SequenceParallel):
-    """A model's attention as `dense_attention` on the whole local sequence: the reference's sequence 'parallel'."""
+    """A model's attention as `dense_attention` over its whole local sequence (the reference)."""
 
     @property
     def world(self) -> int:
@@ -196,8 +209,8 @@ def _pass(
     autocast: AbstractContextManager[object],
     grad_scale: float,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Forward and backward of `batch`: (the logits of sequence positions `rows`, or of all, and every
-    parameter's local gradient times `grad_scale`); the model's gradients are None again afterwards."""
+    """Forward and backward of `batch`: (the logits of sequence positions `rows`, or of all, and
+    every parameter's local gradient times `grad_scale`); the gradients are None again after."""
     positions = batch.positions if batch.doc_positions is None else batch.doc_positions
     with autocast:
         hidden = model.features(batch.inputs, positions, cu_seqlens=batch.cu_seqlens)
@@ -222,34 +235,49 @@ def _squares(a: torch.Tensor, ref: torch.Tensor) -> list[torch.Tensor]:
     return [(a64 - r64).pow(2).sum(), r64.pow(2).sum()]
 
 
-def _relative_errors(pairs: list[tuple[torch.Tensor, torch.Tensor]], distributed: bool) -> list[float]:
-    """||a - ref|| / ||ref|| per pair, the sums of squares summed over all ranks (shards, or sequence pieces)."""
+def _relative_errors(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    distributed: bool,
+) -> list[float]:
+    """||a - ref|| / ||ref|| per pair; the sums of squares are summed over all ranks (parameter
+    shards, or sequence pieces)."""
     sums = torch.stack([torch.stack(_squares(a, ref)) for a, ref in pairs])
     if distributed:
         dist.all_reduce(sums)
     diff, ref = sums[:, 0].sqrt(), sums[:, 1].sqrt()
-    errs = torch.where(ref > 0, diff / ref.clamp_min(1e-300), torch.where(diff > 0, math.inf, 0.0))
+    only_diff = torch.where(diff > 0, math.inf, 0.0)
+    errs = torch.where(ref > 0, diff / ref.clamp_min(1e-300), only_diff)
     return [float(e) for e in errs.cpu()]
 
 
 def _attention_vs_fp32(
-    spec: JobSpec, sp: SequenceParallel | None, batch: Batch, local: Batch, dtype: torch.dtype, distributed: bool
+    spec: JobSpec,
+    sp: SequenceParallel | None,
+    batch: Batch,
+    local: Batch,
+    dtype: torch.dtype,
+    distributed: bool,
 ) -> float:
-    """The attention op alone, as the job runs it in `dtype`, against `dense_attention` in fp32 on the same
-    (rounded) inputs: output and dq/dk/dv."""
+    """The attention op alone, run as the job runs it in `dtype`, against `dense_attention` in
+    fp32 on the same (rounded) inputs: the output and dq/dk/dv."""
     m = spec.model
     device = local.inputs.device
     gen = torch.Generator().manual_seed(spec.train.seed + SEED_OFFSET + 1)
     s = batch.inputs.shape[1]
-    shapes = [(1, s, m.n_heads, m.head_dim), *[(1, s, m.kv_heads, m.head_dim)] * 2, (1, s, m.n_heads, m.head_dim)]
-    q, k, v, dout = (torch.randn(shape, generator=gen).to(dtype).to(device) for shape in shapes)
+    shapes = [
+        (1, s, m.n_heads, m.head_dim),
+        *[(1, s, m.kv_heads, m.head_dim)] * 2,
+        (1, s, m.n_heads, m.head_dim),
+    ]
+    q, k, v, dout = (torch.randn(x, generator=gen).to(dtype).to(device) for x in shapes)
     rows = local.positions.to(device)
     mine = [x[:, rows].detach().requires_grad_() for x in (q, k, v)]
     attn = sp if sp is not None else SequenceParallel(None)
     out = attn.attend(*mine, cu_seqlens=local.cu_seqlens)
     out.backward(dout[:, rows])
     full = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    ref = dense_attention(*full, cu_seqlens=batch.cu_seqlens.to(device) if batch.cu_seqlens is not None else None)
+    documents = batch.cu_seqlens.to(device) if batch.cu_seqlens is not None else None
+    ref = dense_attention(*full, cu_seqlens=documents)
     ref.backward(dout.float())
     pairs = [(out.detach(), ref.detach()[:, rows])]
     for a, r in zip(mine, full, strict=True):
@@ -269,20 +297,26 @@ def verify(
 ) -> Verification:
     """Run the check (collective over all ranks); the caller decides what a failure does.
 
-    `autocast_dtype`: the compute dtype training runs under autocast (bf16 on CUDA), None for plain fp32."""
+    `autocast_dtype`: the dtype training computes in under autocast (bf16 on CUDA); None: fp32."""
     t0 = time.perf_counter()
     tokens = verification_tokens(spec)
     batch = verification_batch(spec, tokens)
-    layout = spec.parallel.layout
     local = take_shard(
-        batch, dp_index=0, dp_size=1, layout=layout, ring_group=mesh.ring_group, ulysses_group=ulysses_group
+        batch,
+        dp_index=0,
+        dp_size=1,
+        layout=spec.parallel.layout,
+        ring_group=mesh.ring_group,
+        ulysses_group=ulysses_group,
     ).to(device)
     whole = batch.to(device)
     rows = local.positions.to(device)
     dtype = autocast_dtype or torch.float32
 
     def autocast() -> AbstractContextManager[object]:
-        return torch.autocast(device.type, dtype=dtype) if autocast_dtype is not None else nullcontext()
+        if autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(device.type, dtype=dtype)
 
     sp = _sequence_parallel(model)
     was_training = model.training
@@ -290,11 +324,11 @@ def verify(
     model.zero_grad(set_to_none=True)
     try:
         with _preserved_rng(device):
-            # every data-parallel replica runs the same sequence: its gradient sum is data_parallel x one
-            got_logits, got_grads = _pass(model, local, None, autocast(), 1.0 / mesh.data_parallel)
+            # every data-parallel replica runs the same sequence: data_parallel x one gradient
+            got_logits, got_grads = _pass(model, local, None, autocast(), 1 / mesh.data_parallel)
             model.set_sequence_parallel(OneRankAttention(None, spec.parallel.layout))
             # every rank runs the whole sequence: FSDP's reduce-scatter sums world x one gradient
-            ref_logits, ref_grads = _pass(model, whole, rows, autocast(), 1.0 / mesh.world)
+            ref_logits, ref_grads = _pass(model, whole, rows, autocast(), 1 / mesh.world)
             model.set_sequence_parallel(sp)
             fp32_err = None
             if dtype != torch.float32:
@@ -304,10 +338,9 @@ def verify(
         model.zero_grad(set_to_none=True)
         model.train(was_training)
     names = ["logits", *(f"gradient of {_param_name(n)}" for n, _ in model.named_parameters())]
-    errors = _relative_errors([(got_logits, ref_logits), *zip(got_grads, ref_grads, strict=True)], mesh.distributed)
-    worst = max(range(len(errors)), key=lambda i: -1.0 if math.isnan(errors[i]) else errors[i])
-    if any(math.isnan(e) for e in errors):
-        worst = next(i for i, e in enumerate(errors) if math.isnan(e))
+    pairs = [(got_logits, ref_logits), *zip(got_grads, ref_grads, strict=True)]
+    errors = _relative_errors(pairs, mesh.distributed)
+    worst = max(range(len(errors)), key=lambda i: math.inf if math.isnan(errors[i]) else errors[i])
     seconds = time.perf_counter() - t0
     if mesh.distributed:  # one duration for the job: the slowest rank's
         took = torch.tensor([seconds], dtype=torch.float64, device=device)
