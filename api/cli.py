@@ -268,7 +268,9 @@ def verification_line(j: JobOut) -> str:
     tol = "?" if v.tolerance is None else f"{v.tolerance:.0e}"
     fp32 = "" if v.fp32_rel_err is None else f", {v.fp32_rel_err:.2e} against fp32"
     took = "" if v.seconds is None else f", {v.seconds:.2f} s"
-    verdict = f"passed: max rel err {err} <= {tol}" if v.passed else f"FAILED: max rel err {err} > {tol}"
+    verdict = f"passed: max rel err {err} <= {tol}"
+    if not v.passed:
+        verdict = f"FAILED: max rel err {err} > {tol}"
     return f"{verdict} ({v.tokens} tokens{fp32}{took})"
 
 

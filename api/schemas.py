@@ -83,11 +83,11 @@ class VerificationOut(BaseModel):
     """The job's check of its distributed math against a one-rank reference, run before step 1."""
 
     passed: bool
-    max_rel_err: float | None = Field(description="largest relative error over the logits and every gradient")
-    tolerance: float | None = Field(description="the largest error allowed for the job's compute dtype")
+    max_rel_err: float | None = Field(description="largest relative error: logits, every gradient")
+    tolerance: float | None = Field(description="the largest error allowed for the compute dtype")
     tokens: int | None = Field(description="length of the random sequence checked")
     seconds: float | None = None
-    fp32_rel_err: float | None = Field(None, description="low precision only: the attention against fp32")
+    fp32_rel_err: float | None = Field(None, description="low precision: attention against fp32")
 
 
 class JobOut(_FromRow):
@@ -121,7 +121,7 @@ class JobOut(_FromRow):
     )
     queue_reason: str | None = Field(None, description="why the job waits (capacity, quota, …); null unless waiting")
     verification: VerificationOut | None = Field(
-        None, description="the pre-training check of the job's math; null until it ran, or when disabled"
+        None, description="the pre-training check of the job's math; null before it, or disabled"
     )
 
     @pydantic.model_validator(mode="after")

@@ -237,7 +237,7 @@ class Store:
         state: Sequence[str] | None = None,
         limit: int = 50,
         offset: int = 0,
-        where: Sequence[ColumnElement[bool]] = (),  # further conditions, e.g. service.verification.verification_is
+        where: Sequence[ColumnElement[bool]] = (),  # more conditions (service.verification)
     ) -> tuple[list[Job], int]:
         q = select(Job).where(*where)
         if owner is not None:

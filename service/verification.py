@@ -1,10 +1,11 @@
-"""A job's `verification`, derived from the `verify_*` metric points it stored: no column of its own.
+"""A job's `verification`, derived from the `verify_*` metric points it stored (no own column).
 
 Every job's ranks check their distributed math against a one-rank reference before step 1
-(`workers.training.verify`) and rank 0 emits the result as ordinary metric points, so it is stored,
-streamed, journaled and exported like any metric. The job row already keeps the newest global point of
-every metric (`Job.latest`); the job's `verification` is read from there, and the jobs list filters on
-the same JSON field. A resume onto another parallel shape verifies again: the newest check wins.
+(`workers.training.verify`) and rank 0 emits the result as ordinary metric points, so it is
+stored, streamed, journaled and exported like any metric. The job row already keeps the newest
+global point of every metric (`Job.latest`); the job's `verification` is read from there, and the
+jobs list filters on the same JSON field. A resume onto another parallel shape verifies again: the
+newest check wins.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def _value(latest: Mapping[str, Any], name: str) -> Any:
 
 
 def verification_of(latest: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """{passed, max_rel_err, tolerance, tokens, seconds, fp32_rel_err} from a job's latest points; None when the
-    job has not verified (yet, or `verify: {enabled: false}`). A non-finite error is stored as null: not passed."""
+    """{passed, max_rel_err, tolerance, tokens, seconds, fp32_rel_err} from a job's latest points;
+    None when the job has not verified (yet, or `verify: {enabled: false}`). A non-finite error is
+    stored as null: not passed."""
     latest = latest or {}
     if PASSED not in latest or ERROR not in latest:
         return None
@@ -46,7 +48,8 @@ def verification_of(latest: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def verification_is(outcome: Outcome) -> ColumnElement[bool]:
-    """A `select(Job)` condition: the job's newest verification `outcome` (portable JSON path: SQLite, PostgreSQL)."""
+    """A `select(Job)` condition: the job's newest verification had `outcome` (a JSON path that
+    SQLite and PostgreSQL both evaluate)."""
     value = Job.latest[PASSED]["value"].as_float()
     condition: ColumnElement[bool] = value == 1.0 if outcome == "passed" else value == 0.0
     return condition

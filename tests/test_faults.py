@@ -113,7 +113,13 @@ GLOBAL_EVERY_STEP = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")  
 PER_RANK_EVERY_STEP = ("mem_peak_bytes", "state_bytes")
 
 
-VERIFY_NAMES = ("verify_max_rel_err", "verify_tolerance", "verify_passed", "verify_tokens", "verify_seconds")
+VERIFY_NAMES = (
+    "verify_max_rel_err",
+    "verify_tolerance",
+    "verify_passed",
+    "verify_tokens",
+    "verify_seconds",
+)  # rank None, once before step 1
 
 
 def eval_names(js: dict[str, Any]) -> list[str]:

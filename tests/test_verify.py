@@ -1,12 +1,14 @@
-"""Pre-training verification: every supported shape passes, a wrong attention kernel fails the job before step 1.
+"""Pre-training verification: every supported shape passes, a wrong kernel fails the job early.
 
-The check (`workers.training.verify`) compares the job's distributed forward/backward (FSDP, ring / Ulysses x
-ring, packed documents) with the same model on the gathered sequence under dense one-rank attention. Here it
-runs on real gloo ranks: rings of 1-4 (3 included) on every layout, Ulysses, Ulysses x ring, data parallel,
-packed documents, native and pretrained (a tiny Qwen2 checkpoint) models, fp32 and bf16 (CPU autocast). A
-test-only kernel that drops every off-diagonal block, put in charge through the kernel registry
-(`kernels.use_kernel`), must fail the job before step 1 naming what diverged; a disabled check emits nothing;
-the loss curve is bit-identical with the check on or off; a resume onto another shape checks again.
+The check (`workers.training.verify`) compares the job's distributed forward/backward (FSDP, ring or
+Ulysses x ring, packed documents) with the same model on the gathered sequence under dense one-rank
+attention. Here it runs on real gloo ranks: rings of 1-4 (3 included) on every layout, Ulysses,
+Ulysses x ring, data parallel, activation checkpointing, packed documents, native and pretrained (a
+tiny Qwen2 checkpoint) models, fp32 and bf16 (CPU autocast). A test-only kernel that drops every
+off-diagonal block, put in charge through the kernel registry (`kernels.use_kernel`), must fail the
+job before step 1 naming what diverged; a disabled check emits nothing; the loss curve is
+bit-identical with the check on or off; a resume onto another shape checks again, a retry from a
+checked start does not.
 """
 
 from __future__ import annotations
@@ -27,14 +29,24 @@ from workers.config import JobSpec
 
 assert one_thread  # autouse fixture, imported to apply to this module
 
-DOCS = "\n".join(
-    f"document {i}: " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(5 + 9 * (i % 5))) for i in range(40)
-)
+
+def _document(i: int) -> str:
+    return f"document {i}: " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(5 + 9 * (i % 5)))
+
+
+DOCS = "\n".join(_document(i) for i in range(40))
+VERIFY_NAMES = {
+    "verify_max_rel_err",
+    "verify_tolerance",
+    "verify_passed",
+    "verify_tokens",
+    "verify_seconds",
+}
 
 
 @dataclass(frozen=True)
 class DropsOffDiagonal(TorchCpuFlash):
-    """A wrong kernel: every block that is not a causal diagonal block contributes nothing (a lost ring step)."""
+    """A wrong kernel: a block that is not a causal diagonal one adds nothing (a lost ring step)."""
 
     name: str = "test_drops_off_diagonal"
 
@@ -78,7 +90,7 @@ def _shape(**parallel: Any) -> JobSpec:
 
 
 def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Build each case's trainer and run the check in fp32 and in bf16 (CPU autocast); the results (any rank)."""
+    """Build each case's trainer and run the check in fp32 and in bf16 (CPU autocast)."""
     from workers.training.trainer import Trainer
     from workers.training.verify import verify
 
@@ -86,8 +98,8 @@ def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dic
     for label, spec_json in cases:
         spec = JobSpec.model_validate_json(spec_json)
         t = Trainer(spec, checkpoint_dir=None, emit=lambda p: None)
-        # bf16 under CPU autocast for native models only: transformers' RoPE output stays fp32 under CPU autocast
-        # with fp32 parameters (q/k fp32, v bf16); bf16 training is CUDA, where FSDP's parameters are bf16 too
+        # bf16 under CPU autocast for native models only: with fp32 parameters transformers' RoPE
+        # output stays fp32 (q/k fp32, v bf16); bf16 training is CUDA, where parameters are bf16
         for dtype in (None, torch.bfloat16) if spec.model.kind == "native" else (None,):
             v = verify(
                 t.model,
@@ -97,7 +109,7 @@ def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dic
                 ulysses_group=t._ulysses_group(),
                 autocast_dtype=dtype,
             )
-            assert all(p.grad is None for p in t.model.parameters())  # nothing left for the first step
+            assert all(p.grad is None for p in t.model.parameters())  # nothing left for step 1
             out.append({"case": label, **asdict(v), "passed": v.passed})
     return out
 
@@ -105,32 +117,27 @@ def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dic
 def _check(results: list[dict[str, Any]], cases: list[tuple[str, JobSpec]]) -> None:
     assert len(results) == sum(2 if s.model.kind == "native" else 1 for _, s in cases)
     for r in results:
+        fp32 = f"  fp32 ref {r['fp32_rel_err']:.2e}" if r["fp32_rel_err"] is not None else ""
         print(
-            f"{r['case']:<32} {r['dtype']:<9} max_rel_err {r['max_rel_err']:.2e} ({r['worst']})",
-            end="",
-        )
-        print(
-            f"  fp32 ref {r['fp32_rel_err']:.2e}" if r["fp32_rel_err"] is not None else "",
-            f"{r['seconds']:.2f}s",
+            f"{r['case']:<32} {r['dtype']:<9} max_rel_err {r['max_rel_err']:.2e} ({r['worst']})"
+            f"{fp32} {r['seconds']:.2f}s"
         )
         assert r["passed"], r
         assert r["max_rel_err"] > 0  # the two paths really are different computations
         if r["dtype"] == "float32":
             assert r["max_rel_err"] < 1e-5 and r["fp32_rel_err"] is None
-        else:
-            assert 1e-4 < r["max_rel_err"] < 3e-2 and 1e-4 < r["fp32_rel_err"] < 3e-2  # bf16 rounding, no more
+        else:  # bf16 rounding, no more
+            assert 1e-4 < r["max_rel_err"] < 3e-2 and 1e-4 < r["fp32_rel_err"] < 3e-2
 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_every_supported_shape_passes(tmp_path: Path) -> None:
     one = [("ring 1 native", _shape()), ("ring 1 qwen2", _hf_spec(tmp_path))]
+    checkpointed = tiny_spec(parallel={"ring_size": 2}, train={"activation_checkpointing": True})
     two = [
         ("ring 2 zigzag", _shape(ring_size=2)),
-        (
-            "ring 2 activation checkpointing",
-            tiny_spec(parallel={"ring_size": 2}, train={"activation_checkpointing": True}),
-        ),
+        ("ring 2 activation checkpointing", checkpointed),
         ("ulysses 2", _shape(ulysses_size=2)),
         ("ring 2 striped packed docs", _docs_spec(tmp_path, ring_size=2, layout="striped")),
         ("ring 2 qwen2 packed docs", _hf_spec(tmp_path, ring_size=2)),
@@ -145,10 +152,8 @@ def test_every_supported_shape_passes(tmp_path: Path) -> None:
         ("dp 2 x ring 2 qwen2", _hf_spec(tmp_path, ring_size=2, data_parallel=2)),
     ]
     for world, cases in ((1, one), (2, two), (3, three), (4, four)):
-        _check(
-            run_distributed(_verify_all, world, [(n, s.model_dump_json()) for n, s in cases])[0],
-            cases,
-        )
+        jobs = [(name, spec.model_dump_json()) for name, spec in cases]
+        _check(run_distributed(_verify_all, world, jobs)[0], cases)
 
 
 def _train_broken(rank: int, world: int, spec_json: str) -> dict[str, Any]:
@@ -156,13 +161,15 @@ def _train_broken(rank: int, world: int, spec_json: str) -> dict[str, Any]:
     from workers.training.trainer import run_training
     from workers.training.verify import VerificationFailed
 
+    spec = JobSpec.model_validate_json(spec_json)
     points: list[Any] = []
+    error = None
     with use_kernel(DropsOffDiagonal()):
         try:
-            run_training(JobSpec.model_validate_json(spec_json), checkpoint_dir=None, emit=points.append)
+            run_training(spec, checkpoint_dir=None, emit=points.append)
         except VerificationFailed as e:
-            return {"error": str(e), "points": [p.model_dump() for p in points]}
-    return {"error": None, "points": [p.model_dump() for p in points]}
+            error = str(e)
+    return {"error": error, "points": [p.model_dump() for p in points]}
 
 
 @pytest.mark.multiprocess
@@ -172,7 +179,8 @@ def test_a_kernel_that_drops_a_block_fails_the_job_before_step_1() -> None:
     assert len(errors) == 1 and None not in errors  # every rank raises, with the same reason
     reason = errors.pop()
     assert reason.startswith("verification failed before step 1: ")
-    assert "largest difference from the one-rank reference in " in reason and "tolerance 0.0001 for float32" in reason
+    assert "largest difference from the one-rank reference in " in reason
+    assert "tolerance 0.0001 for float32" in reason
     points = {p["name"]: p for p in results[0]["points"]}
     assert "loss" not in points  # no step ran
     assert points["verify_passed"]["value"] == 0.0 and points["verify_passed"]["step"] == 0
@@ -195,49 +203,48 @@ def test_loss_curve_is_bit_identical_with_verification_on_or_off() -> None:
     assert len(series(r["on"], "loss")) == 3
     for name in ("loss", "grad_norm"):
         assert series(r["on"], name) == series(r["off"], name)  # exactly equal, not close
-    names_on = {p["name"] for p in r["on"] if p["name"].startswith("verify_")}
-    assert names_on == {
-        "verify_max_rel_err",
-        "verify_tolerance",
-        "verify_passed",
-        "verify_tokens",
-        "verify_seconds",
-    }
-    assert not [p for p in r["off"] if p["name"].startswith("verify_")]  # disabled: nothing emitted, nothing run
+    assert {p["name"] for p in r["on"] if p["name"].startswith("verify_")} == VERIFY_NAMES
+    # disabled: nothing run, nothing emitted
+    assert not [p for p in r["off"] if p["name"].startswith("verify_")]
 
 
-def _resume(rank: int, world: int, spec_json: str, ckpt: str) -> list[list[str]]:
-    first = train(rank, world, spec_json, ckpt, 4)["points"]  # resumes a ring-1 checkpoint onto a ring of 2
-    again = train(rank, world, spec_json, ckpt, 6)["points"]  # resumes its own ring-2 checkpoint
-    return [[f"{p['name']}@{p['step']}" for p in pts if p["name"] == "verify_passed"] for pts in (first, again)]
+def _checked_at(points: list[dict[str, Any]]) -> list[int]:
+    return [p["step"] for p in points if p["name"] == "verify_passed"]
+
+
+def _resume(rank: int, world: int, spec_json: str, ckpt: str) -> list[list[int]]:
+    moved = train(rank, world, spec_json, ckpt, 4)["points"]  # a ring-1 checkpoint onto a ring of 2
+    same = train(rank, world, spec_json, ckpt, 6)["points"]  # its own ring-2 checkpoint
+    return [_checked_at(moved), _checked_at(same)]
 
 
 @pytest.mark.multiprocess
 def test_a_resume_onto_another_parallel_shape_verifies_again(tmp_path: Path) -> None:
     ckpt = str(tmp_path / "ckpt")
-    ring1 = _shape().model_copy(update={"checkpoint": _shape().checkpoint.model_copy(update={"every_steps": 2})})
-    fresh = train(0, 1, ring1.model_dump_json(), ckpt, 2)["points"]
-    assert [p["step"] for p in fresh if p["name"] == "verify_passed"] == [0]
-    ring2 = ring1.model_copy(update={"parallel": ring1.parallel.model_copy(update={"ring_size": 2})})
+    every_2 = _shape().checkpoint.model_copy(update={"every_steps": 2})
+    ring1 = _shape().model_copy(update={"checkpoint": every_2})
+    assert _checked_at(train(0, 1, ring1.model_dump_json(), ckpt, 2)["points"]) == [0]
+    two_ranks = ring1.parallel.model_copy(update={"ring_size": 2})
+    ring2 = ring1.model_copy(update={"parallel": two_ranks})
     moved, same = run_distributed(_resume, 2, ring2.model_dump_json(), ckpt)[0]
-    assert moved == ["verify_passed@2"]
+    assert moved == [2]
     assert same == []
 
 
 def test_a_retry_from_the_same_start_does_not_verify_twice(tmp_path: Path) -> None:
-    """A second attempt that starts where a verified one did (a driver lost before its first checkpoint) finds
-    the passed check in rank 0's journal: its points are stored already and would be stored twice."""
+    """A second attempt starting where a verified one did (a driver lost before its first
+    checkpoint) finds the passed check in rank 0's journal: its points are stored already."""
     from workers.training.trainer import run_training
 
     spec = _shape()
-    for expected in (["verify_passed@0"], []):
+    for expected in ([0], []):
         points: list[Any] = []
         run_training(spec, checkpoint_dir=tmp_path, emit=points.append, max_steps=1, resume_step=0)
-        assert [f"{p.name}@{p.step}" for p in points if p.name == "verify_passed"] == expected
+        assert _checked_at([p.model_dump() for p in points]) == expected
 
 
 def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
-    """bf16 ring attention with every buffer the ring sends recorded, and its merged forward state."""
+    """bf16 ring attention with every buffer the ring sends recorded, and its merged forward."""
     import workers.attention.ring as ring
     from workers.attention.comm import RingComm
     from workers.attention.layouts import shard_positions
@@ -253,8 +260,8 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
     ring.RingComm = Recording  # type: ignore[misc]  # the real exchange, recorded
     gen = torch.Generator().manual_seed(3)
     s = 24 * world
-    q, dout = torch.randn(1, s, 4, 16, generator=gen), torch.randn(1, s, 4, 16, generator=gen)
-    k, v = torch.randn(1, s, 2, 16, generator=gen), torch.randn(1, s, 2, 16, generator=gen)
+    q, dout = (torch.randn(1, s, 4, 16, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, s, 2, 16, generator=gen) for _ in range(2))
     rows = shard_positions(s, "zigzag", rank, world)
     mine = [x[:, rows].to(torch.bfloat16).requires_grad_() for x in (q, k, v)]
     steps = ring._steps(mine[0], True, "zigzag", rank, world, 16**-0.5, None)
@@ -266,29 +273,25 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
     full = [x.to(torch.bfloat16).float().requires_grad_() for x in (q, k, v)]
     ref = dense_attention(*full)
     ref.backward(dout.to(torch.bfloat16).float())
-    errs = [
-        float((a.float() - b[:, rows]).norm() / b[:, rows].norm())
-        for a, b in [(out, ref), *((m.grad, f.grad) for m, f in zip(mine, full, strict=True))]
-    ]
+    pairs = [(out, ref), *((m.grad, f.grad) for m, f in zip(mine, full, strict=True))]
     return {
         "merged": [str(merged_out.dtype), str(merged_lse.dtype)],
         "forward_sends": [str(d) for d in forward_sends],
         "backward_sends": [str(d) for d in backward_sends],
         "grad_dtypes": [str(m.grad.dtype) for m in mine],
-        "errors": errs,
+        "errors": [float((a.float() - b[:, rows]).norm() / b[:, rows].norm()) for a, b in pairs],
     }
 
 
 @pytest.mark.multiprocess
 def test_bf16_ring_merges_and_sends_gradients_in_fp32() -> None:
     world = 3
+    bf16, fp32 = "torch.bfloat16", "torch.float32"
     for r in run_distributed(_bf16_ring, world):
-        assert r["merged"] == [
-            "torch.float32",
-            "torch.float32",
-        ]  # the online-softmax merge runs in fp32
-        assert r["forward_sends"] == ["torch.bfloat16"] * (world - 1)  # K/V travel in the compute dtype
-        # backward: K/V on the way round (world - 1), dK/dV one step behind them, all the way back home (world)
-        assert sorted(r["backward_sends"]) == sorted(["torch.bfloat16"] * (world - 1) + ["torch.float32"] * world)
-        assert r["grad_dtypes"] == ["torch.bfloat16"] * 3  # returned in the input dtype
-        assert max(r["errors"]) < 1e-2, r["errors"]  # bf16 inputs against fp32 math: rounding only
+        assert r["merged"] == [fp32, fp32]  # the online-softmax merge runs in fp32
+        assert r["forward_sends"] == [bf16] * (world - 1)  # K/V travel in the compute dtype
+        # backward: K/V on the way round (world - 1 sends), dK/dV one step behind them and all the
+        # way back home (world sends)
+        assert sorted(r["backward_sends"]) == sorted([bf16] * (world - 1) + [fp32] * world)
+        assert r["grad_dtypes"] == [bf16] * 3  # returned in the input dtype
+        assert max(r["errors"]) < 1e-2, r["errors"]  # bf16 inputs against fp32 math: rounding

@@ -1,8 +1,9 @@
-"""A job's `verification` in the API, the jobs list's filter and the CLI, from the `verify_*` points a driver reports.
+"""A job's `verification` in the API, the jobs list's filter and the CLI, from reported points.
 
-The test plays the driver over the real report protocol (tests/api_harness.py): one job verifies and runs,
-one fails verification before step 1 (the rank's reason becomes the job's error), one has verification
-disabled. `verification` is derived from the stored points (null without them); `?verification=` filters.
+The test plays the driver over the real report protocol (tests/api_harness.py): one job verifies
+and runs, one fails verification before step 1 (the rank's reason becomes the job's error), one has
+verification disabled. `verification` is derived from the stored `verify_*` points (null without
+them); `?verification=` filters on them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from api.cli import main
 from tests.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for
 
 REASON = (
-    "verification failed before step 1: largest difference from the one-rank reference in gradient of "
-    "layers.0.attn.wq.weight: 0.473 relative (tolerance 0.0001 for float32, 128 tokens)"
+    "verification failed before step 1: largest difference from the one-rank reference in "
+    "gradient of layers.0.attn.wq.weight: 0.473 relative (tolerance 0.0001 for float32, 128 tokens)"
 )
 
 
@@ -52,23 +53,35 @@ def _start(srv: Any, c: Any, **spec: Any) -> tuple[str, Driver]:
     return jid, d
 
 
-def test_verification_is_derived_filtered_and_printed(srv: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verification_is_derived_filtered_and_printed(
+    srv: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     c = srv.client()
     ok, d_ok = _start(srv, c, name="verified")
     assert d_ok.post(_points(d_ok, 6.1e-7, True)).status_code == 200
     assert d_ok.metrics(range(1, 3)).status_code == 200
     bad, d_bad = _start(srv, c, name="diverged")
     assert d_bad.post(_points(d_bad, 0.473, False)).status_code == 200
-    assert d_bad.state("FAILED", reason="training failed: rank 0: VerificationFailed", error=REASON).status_code == 200
+    why = "training failed: rank 0: VerificationFailed"
+    failed = d_bad.state("FAILED", reason=why, error=REASON)
+    assert failed.status_code == 200
     off, d_off = _start(srv, c, name="unchecked", verify={"enabled": False})
     assert d_off.metrics(range(1, 3)).status_code == 200
 
     got = {j: c.get(f"/v1/jobs/{j}").json() for j in (ok, bad, off)}
     assert got[ok]["verification"] == {
-        "passed": True, "max_rel_err": 6.1e-7, "tolerance": 1e-4, "tokens": 128, "seconds": 0.25, "fp32_rel_err": None,
-    }  # fmt: skip
-    assert got[bad]["verification"]["passed"] is False and got[bad]["verification"]["max_rel_err"] == 0.473
-    assert got[bad]["state"] == "FAILED" and got[bad]["error"] == REASON  # what diverged, and by how much
+        "passed": True,
+        "max_rel_err": 6.1e-7,
+        "tolerance": 1e-4,
+        "tokens": 128,
+        "seconds": 0.25,
+        "fp32_rel_err": None,
+    }
+    failed_check = got[bad]["verification"]
+    assert failed_check["passed"] is False and failed_check["max_rel_err"] == 0.473
+    # the job's error says what diverged, and by how much
+    assert got[bad]["state"] == "FAILED" and got[bad]["error"] == REASON
     assert got[off]["verification"] is None and got[off]["spec"]["verify"] == {
         "enabled": False,
         "tokens": 256,

@@ -1,5 +1,5 @@
-"""The job page's verification badge in a real browser (headless Chromium): passed, then live when a job's
-ranks report it, failed with the reason as the job's error, and 'disabled'."""
+"""The job page's verification badge in a real browser (headless Chromium): 'not yet', then passed
+as the ranks report it (live), failed with the reason as the job's error, and 'disabled'."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ SPEC: dict[str, Any] = {
     "train": {"steps": 40},
 }
 REASON = (
-    "training failed: rank 0: VerificationFailed: verification failed before step 1: largest difference from the "
-    "one-rank reference in logits: 0.31 relative (tolerance 0.0001 for float32, 256 tokens)"
+    "training failed: rank 0: VerificationFailed: verification failed before step 1: largest "
+    "difference from the one-rank reference in logits: 0.31 relative "
+    "(tolerance 0.0001 for float32, 256 tokens)"
 )
 
 
@@ -67,17 +68,20 @@ def test_job_page_shows_the_verification(browser: Any, server: Server) -> None:
         assert page.locator("#job-verification").inner_text() == "not yet"
         d_ok.post(_verify_points(d_ok, 6.1e-7, True))  # arrives live, over the job's event stream
         wait_js(page, "() => document.querySelector('#job-verification .verify-passed') !== null")
-        assert page.locator("#job-verification").inner_text() == "passed: error 6.1e-7 ≤ tolerance 1e-4"
+        badge = page.locator("#job-verification")
+        assert badge.inner_text() == "passed: error 6.1e-7 ≤ tolerance 1e-4"
         shot(page, "verify-passed", full_page=False)
 
         page.goto(f"{server.url}/#/jobs/{bad['id']}")
         page.locator("#job-verification .verify-failed").wait_for()
-        assert page.locator("#job-verification").inner_text() == "failed: error 3.1e-1 > tolerance 1e-4"
-        assert page.locator(".alert pre").inner_text() == REASON  # the failed check is the job's error
+        assert badge.inner_text() == "failed: error 3.1e-1 > tolerance 1e-4"
+        # the failed check is the job's error
+        assert page.locator(".alert pre").inner_text() == REASON
         shot(page, "verify-failed", full_page=False)
 
         page.goto(f"{server.url}/#/jobs/{off['id']}")
-        wait_js(page, "() => document.querySelector('#job-verification')?.textContent === 'disabled'")
+        shown = "() => document.querySelector('#job-verification')?.textContent"
+        wait_js(page, f"{shown} === 'disabled'")
         assert not errs.unexpected()
     finally:
         ctx.close()

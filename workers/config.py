@@ -186,11 +186,15 @@ class EvalConfig(StrictModel):
 
 
 class VerifyConfig(StrictModel):
-    """The check every job runs before step 1: its distributed forward/backward against a one-rank reference."""
+    """The check every job runs before step 1: its distributed forward/backward against a
+    one-rank reference (`workers.training.verify`)."""
 
     enabled: bool = True
     tokens: int = Field(
-        256, ge=16, le=8192, description="length of the random check sequence (rounded to what the layout needs)"
+        256,
+        ge=16,
+        le=8192,
+        description="tokens in the random check sequence (at most data.seq_len, fit to the layout)",
     )
 
 

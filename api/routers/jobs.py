@@ -88,7 +88,8 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     verification: Annotated[
-        Outcome | None, Query(description="only jobs whose pre-training verification passed / failed")
+        Outcome | None,
+        Query(description="only jobs whose pre-training verification passed / failed"),
     ] = None,
 ) -> JobList:
     """Your jobs, newest first."""

@@ -278,13 +278,13 @@ def _flash_runs(device: torch.device, head_dim: int | None) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-_IN_USE: list[BlockKernel] = []  # kernels `use_kernel` put in charge in this process, innermost last
+_IN_USE: list[BlockKernel] = []  # kernels `use_kernel` put in charge here, innermost last
 
 
 def register_kernel(kernel: BlockKernel) -> None:
-    """Add a block kernel to the registry under `kernel.name` (then RINGTRAIN_ATTN_BACKEND can name it).
+    """Add a block kernel to the registry under `kernel.name` (RINGTRAIN_ATTN_BACKEND can name it).
 
-    A name already taken by another kernel is refused: a registration never silently replaces a backend."""
+    A name taken by another kernel is refused: a registration never silently replaces a backend."""
     known = _BACKENDS.get(kernel.name)
     if known is not None and known != kernel:
         raise ValueError(f"a different block kernel is already registered as {kernel.name!r}")

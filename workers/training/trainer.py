@@ -117,7 +117,8 @@ class Trainer:
         self.resumed_from: int | None = None
         self.last_loss: float | None = None
         self.journal: MetricJournal | None = None
-        self.needs_verification = spec.verify.enabled  # before step 1, or after a resume onto another shape
+        # the pre-training check: before step 1, or after a resume onto another parallel shape
+        self.needs_verification = spec.verify.enabled
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def load(self, step: int) -> None:
@@ -131,15 +132,17 @@ class Trainer:
             self.data.load_state_dict(state["data"])
             self.step, self.resumed_from, self.last_loss = step, step, state.get("extra", {}).get("loss")
             saved = state.get("extra", {}).get("spec", {}).get("parallel")
-            self.needs_verification = self.spec.verify.enabled and saved != self.spec.parallel.model_dump(mode="json")
+            moved = saved != self.spec.parallel.model_dump(mode="json")
+            self.needs_verification = self.spec.verify.enabled and moved
         if self.checkpoint_dir is not None:
             if self.needs_verification and self._verified_at(step):
-                self.needs_verification = False  # an earlier attempt checked this start: its points are stored
+                self.needs_verification = False  # an earlier attempt checked this start
             self.journal = MetricJournal(self.checkpoint_dir, self.mesh.rank, step)
 
     def _verified_at(self, step: int) -> bool:
-        """Whether rank 0's journal holds a passed verification at `step` (an earlier attempt of this job that
-        started here); every rank gets rank 0's answer. Checking again would store the same points twice."""
+        """Whether rank 0's journal holds a passed verification at `step` (an earlier attempt of
+        this job started here: its points are stored, and checking again would store them twice);
+        every rank gets rank 0's answer."""
         assert self.checkpoint_dir is not None
         done = self.mesh.rank == 0 and any(
             p.name == "verify_passed" and p.step == step and p.value == 1.0
@@ -187,15 +190,17 @@ class Trainer:
                 self.point(name, value)
 
     def verify(self) -> None:
-        """Check the distributed forward/backward against a one-rank reference (`training.verify`); emit the
-        result as `verify_*` points and raise `VerificationFailed` (every rank, same reason) when over tolerance."""
+        """Check the distributed forward/backward against a one-rank reference (`training.verify`),
+        emit the result as `verify_*` points, and raise `VerificationFailed` (every rank, the same
+        reason) when it is over tolerance."""
         result = verify(
             self.model,
             self.spec,
             self.mesh,
             self.device,
             ulysses_group=self._ulysses_group(),
-            autocast_dtype=torch.bfloat16 if self.device.type == "cuda" else None,  # what `_autocast` trains in
+            # the dtype `_autocast` trains in
+            autocast_dtype=torch.bfloat16 if self.device.type == "cuda" else None,
         )
         self.needs_verification = False
         if self.mesh.rank == 0:
@@ -203,7 +208,7 @@ class Trainer:
                 self.point(name, value)
         if not result.passed:
             if self.mesh.distributed:
-                dist.barrier()  # rank 0's points are in its buffer before any rank's failure ends the job
+                dist.barrier()  # rank 0's points are in its buffer before any failure ends the job
             raise VerificationFailed(result.reason())
 
     # -- one step ------------------------------------------------------------------------------------------------

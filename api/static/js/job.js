@@ -114,10 +114,12 @@ export function mountJob(root, jobId) {
     const err = v.max_rel_err == null ? "non-finite" : v.max_rel_err.toExponential(1);
     const tol = v.tolerance == null ? "?" : v.tolerance.toExponential(0);
     const fp32 = v.fp32_rel_err == null ? "" : `, ${v.fp32_rel_err.toExponential(1)} vs fp32`;
-    return h(`span.verify.${v.passed ? "verify-passed" : "verify-failed"}`,
-      { title: `distributed forward/backward against a one-rank reference on ${v.tokens} random tokens` +
-          (v.seconds == null ? "" : `, ${fmtSeconds(v.seconds)}`) },
-      `${v.passed ? "passed" : "failed"}: error ${err} ${v.passed ? "≤" : ">"} tolerance ${tol}${fp32}`);
+    const took = v.seconds == null ? "" : `, ${fmtSeconds(v.seconds)}`;
+    const title = `distributed forward/backward against a one-rank reference on ${v.tokens} ` +
+      `random tokens${took}`;
+    const verdict = v.passed ? `passed: error ${err} ≤` : `failed: error ${err} >`;
+    return h(`span.verify.${v.passed ? "verify-passed" : "verify-failed"}`, { title },
+      `${verdict} tolerance ${tol}${fp32}`);
   }
 
   const renderRingSoon = throttled(() => {
@@ -185,7 +187,7 @@ export function mountJob(root, jobId) {
     const chart = charts.get(p.name);
     if (chart) chart.push(p.step, p.rank, p.value);
     notePoint(p.name, p.rank, p.step, p.value);
-    if (p.name === "verify_passed") refreshJob();  // the job's `verification` is derived on the server
+    if (p.name === "verify_passed") refreshJob();  // the server derives the job's `verification`
     if (job && p.rank === null && p.step > job.step && !TERMINAL.has(job.state)) {
       job.step = p.step;
       job.latest_metrics ||= {};
