@@ -3,9 +3,9 @@
     python -m bench.verify_cost
 
 Each job's ranks (gloo, one thread each) set up a `Trainer` and run the check three times, then
-three training steps. Columns: `first s` (the first check, which also pays the first-call set-up that
-step 1 pays when the check is off: FSDP's lazy init, the first collectives), `verify s` (the median
-of the later checks: what the check itself costs), `step s` (the median step) and `share` =
+three training steps. Columns: `first s` (the first check, which also pays the first-call set-up
+that step 1 pays when the check is off: FSDP's lazy init, the first collectives), `verify s` (the
+median of the later checks: what the check itself costs), `step s` (the median step) and `share` =
 verify / step. Every rank times the same calls, so a machine shared with other work slows both
 sides alike. The check runs `verify.tokens` (256) tokens, so its share falls as sequences grow.
 """
