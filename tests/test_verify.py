@@ -273,7 +273,8 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
     full = [x.to(torch.bfloat16).float().requires_grad_() for x in (q, k, v)]
     ref = dense_attention(*full)
     ref.backward(dout.to(torch.bfloat16).float())
-    pairs = [(out, ref), *((m.grad, f.grad) for m, f in zip(mine, full, strict=True))]
+    grads = [(m.grad, f.grad) for m, f in zip(mine, full, strict=True)]
+    pairs = [(out.detach(), ref.detach()), *grads]
     return {
         "merged": [str(merged_out.dtype), str(merged_lse.dtype)],
         "forward_sends": [str(d) for d in forward_sends],
