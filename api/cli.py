@@ -421,6 +421,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def verification_line(j: JobOut) -> str:
+    """The pre-training check of the job's math, in one line."""
+    v = j.verification
+    if v is None:
+        return "disabled" if j.spec.get("verify", {}).get("enabled") is False else "not yet"
+    err = "non-finite" if v.max_rel_err is None else f"{v.max_rel_err:.2e}"
+    tol = "?" if v.tolerance is None else f"{v.tolerance:.0e}"
+    fp32 = "" if v.fp32_rel_err is None else f", {v.fp32_rel_err:.2e} against fp32"
+    took = "" if v.seconds is None else f", {v.seconds:.2f} s"
+    verdict = f"passed: max rel err {err} <= {tol}"
+    if not v.passed:
+        verdict = f"FAILED: max rel err {err} > {tol}"
+    return f"{verdict} ({v.tokens} tokens{fp32}{took})"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
         j = c.get_job(args.id)
@@ -435,6 +450,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"  queue     position {j.queue_position}: {j.queue_reason or 'waiting'}")
             print(f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   priority {j.priority}")
             print(f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   updated {j.updated_at:%H:%M:%S}")
+            print(f"  verified  {verification_line(j)}")
             for line in MetricCatalogView.fetch(c).status_lines(j.latest_metrics):
                 print(line)
             for p in j.placement:

@@ -20,6 +20,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, C
 from service.launcher import NodeInfo
 from service.models import Job, Transition
 from service.planner import Plan
+from service.verification import verification_of
 from workers.protocol import JobState, RankPlacement
 
 
@@ -78,6 +79,17 @@ class LatestMetric(BaseModel):
     time: float
 
 
+class VerificationOut(BaseModel):
+    """The job's check of its distributed math against a one-rank reference, run before step 1."""
+
+    passed: bool
+    max_rel_err: float | None = Field(description="largest relative error: logits, every gradient")
+    tolerance: float | None = Field(description="the largest error allowed for the compute dtype")
+    tokens: int | None = Field(description="length of the random sequence checked")
+    seconds: float | None = None
+    fp32_rel_err: float | None = Field(None, description="low precision: attention against fp32")
+
+
 class JobOut(_FromRow):
     """A job row (`service.models.Job`), plus its transitions when the route reads them."""
 
@@ -108,11 +120,20 @@ class JobOut(_FromRow):
         None, description="place in the admission queue (1 = next to start); null unless the job is waiting QUEUED"
     )
     queue_reason: str | None = Field(None, description="why the job waits (capacity, quota, …); null unless waiting")
+    verification: VerificationOut | None = Field(
+        None, description="the pre-training check of the job's math; null before it, or disabled"
+    )
 
     @pydantic.model_validator(mode="after")
     def _only_while_waiting(self) -> JobOut:
         if self.state != JobState.QUEUED or self.cancel_requested:
             self.queue_position = self.queue_reason = None
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _verification_from_metrics(self) -> JobOut:
+        found = verification_of({k: m.model_dump() for k, m in self.latest_metrics.items()})
+        self.verification = VerificationOut.model_validate(found) if found is not None else None
         return self
 
     @classmethod

@@ -113,6 +113,15 @@ GLOBAL_EVERY_STEP = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")  
 PER_RANK_EVERY_STEP = ("mem_peak_bytes", "state_bytes")
 
 
+VERIFY_NAMES = (
+    "verify_max_rel_err",
+    "verify_tolerance",
+    "verify_passed",
+    "verify_tokens",
+    "verify_seconds",
+)  # rank None, once before step 1
+
+
 def eval_names(js: dict[str, Any]) -> list[str]:
     """The passkey grid's names: the two means, then one exact-match and one per-token cell per (length, depth)."""
     ev = js.get("eval", {})
@@ -134,6 +143,8 @@ def expected_keys(js: dict[str, Any]) -> set[tuple[int, str, int | None]]:
     ranks = range(par.get("ring_size", 1) * par.get("data_parallel", 1))
     keys = {(s, n, None) for s in range(1, steps + 1) for n in GLOBAL_EVERY_STEP}
     keys |= {(s, n, r) for s in range(1, steps + 1) for n in PER_RANK_EVERY_STEP for r in ranks}
+    if js.get("verify", {}).get("enabled", True):  # the pre-training check, once before step 1
+        keys |= {(0, n, None) for n in VERIFY_NAMES}
     ev = js.get("eval", {})
     if ev.get("enabled", True):
         every = ev.get("every_steps", 0)

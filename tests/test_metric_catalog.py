@@ -75,6 +75,16 @@ def test_check_refuses_entries_the_dashboard_cannot_show() -> None:
             metrics.check((ok, entry) if why == "must be unique" else (entry,))
 
 
+# what verification emits before step 1 for an fp32 job (bf16 jobs add verify_fp32_rel_err)
+VERIFY_FP32_JOB = (
+    metrics.VERIFY_MAX_REL_ERR,
+    metrics.VERIFY_TOLERANCE,
+    metrics.VERIFY_PASSED,
+    metrics.VERIFY_TOKENS,
+    metrics.VERIFY_SECONDS,
+)
+
+
 def test_every_metric_a_real_run_emits_is_in_the_catalog(tmp_path: Path) -> None:
     """The tiny training the other tests use, passkey eval on: every point it emits."""
     from workers.training.trainer import run_training
@@ -102,6 +112,7 @@ def test_every_metric_a_real_run_emits_is_in_the_catalog(tmp_path: Path) -> None
         "state_bytes",
         "passkey_acc",
         "passkey_token_acc",
+        *(m.name for m in VERIFY_FP32_JOB),
         *cells,
     }
     for p in points:

@@ -197,6 +197,19 @@ class EvalConfig(StrictModel):
         return v
 
 
+class VerifyConfig(StrictModel):
+    """The check every job runs before step 1: its distributed forward/backward against a
+    one-rank reference (`workers.training.verify`)."""
+
+    enabled: bool = True
+    tokens: int = Field(
+        256,
+        ge=16,
+        le=8192,
+        description="tokens in the random check sequence (at most data.seq_len, fit to the layout)",
+    )
+
+
 class ResourcesConfig(StrictModel):
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     cpus_per_worker: float = Field(1.0, ge=1e-4, le=1024, description="≥ 0.0001: Ray's resource granularity")
@@ -501,6 +514,7 @@ class JobSpec(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
     max_restarts: int = Field(2, ge=0, le=100)
     priority: int = Field(0, ge=-1000, le=1000, description="higher starts first when jobs wait for capacity")
 
@@ -664,6 +678,7 @@ __all__ = [
     "RopeScaling",
     "TextData",
     "TrainConfig",
+    "VerifyConfig",
     "load_spec",
     "pretrained_config",
     "rope_coverage_warning",

@@ -254,6 +254,55 @@ VERIFY_MAX_REL_ERR = Metric(
     digits=2,
     view="stat",
 )
+VERIFY_TOLERANCE = Metric(
+    name="verify_tolerance",
+    title="Verification: tolerance",
+    unit="",
+    group="verification",
+    description="the largest relative error verification accepts for the job's compute dtype",
+    format="exp",
+    digits=2,
+    view="stat",
+)
+VERIFY_PASSED = Metric(
+    name="verify_passed",
+    title="Verification: passed",
+    unit="",
+    group="verification",
+    description="1 when verification passed, 0 when it failed (the job then fails before step 1)",
+    format="fixed",
+    digits=0,
+    view="stat",
+)
+VERIFY_TOKENS = Metric(
+    name="verify_tokens",
+    title="Verification: tokens",
+    unit="tokens",
+    group="verification",
+    description="length of the random sequence verification ran through both paths",
+    format="fixed",
+    digits=0,
+    view="stat",
+)
+VERIFY_SECONDS = Metric(
+    name="verify_seconds",
+    title="Verification: time",
+    unit="s",
+    group="verification",
+    description="wall time of verification (both paths, forward and backward)",
+    format="seconds",
+    view="stat",
+)
+VERIFY_FP32_REL_ERR = Metric(
+    name="verify_fp32_rel_err",
+    title="Verification: error vs fp32",
+    unit="",
+    group="verification",
+    description="low-precision jobs: largest relative error of the ring path against fp32",
+    format="exp",
+    digits=2,
+    view="stat",
+)
 
 CATALOG: tuple[Metric, ...] = (
     LOSS,
@@ -270,6 +319,11 @@ CATALOG: tuple[Metric, ...] = (
     PASSKEY_ACC_CELL,
     PASSKEY_TOKEN_ACC_CELL,
     VERIFY_MAX_REL_ERR,
+    VERIFY_TOLERANCE,
+    VERIFY_PASSED,
+    VERIFY_TOKENS,
+    VERIFY_SECONDS,
+    VERIFY_FP32_REL_ERR,
 )
 # the passkey grid families by the name of their mean (evals builds cell names through these)
 PASSKEY_CELLS: dict[str, Metric] = {

@@ -16,6 +16,7 @@ from api.schemas import ErrorResponse, JobList, JobOut, LogOut, LogPage, MetricO
 from service import admission, capacity
 from service.launcher import ClusterInfo
 from service.planner import plan
+from service.verification import Outcome, verification_is
 from workers.config import JobSpec
 from workers.protocol import JobState
 
@@ -91,9 +92,14 @@ def list_jobs(
     state: Annotated[list[JobState] | None, Query(description="repeat to match several states")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    verification: Annotated[
+        Outcome | None,
+        Query(description="only jobs whose pre-training verification passed / failed"),
+    ] = None,
 ) -> JobList:
     """Your jobs, newest first."""
-    jobs, total = ctx.store.jobs.page(owner, [s.value for s in state or []], limit, offset)
+    where = [verification_is(verification)] if verification is not None else []
+    jobs, total = ctx.store.jobs.page(owner, [s.value for s in state or []], limit, offset, where)
     return JobList(jobs=[JobOut.of(j) for j in jobs], total=total, limit=limit, offset=offset)
 
 

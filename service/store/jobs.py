@@ -8,7 +8,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 
 from service import lifecycle
 from service.models import Job, Transition
@@ -43,9 +43,11 @@ class Jobs:
         state: Sequence[str] | None = None,
         limit: int = 50,
         offset: int = 0,
+        where: Sequence[ColumnElement[bool]] = (),
     ) -> tuple[list[Job], int]:
-        """A page of jobs, newest first, and the total that match."""
-        q = select(Job)
+        """A page of jobs, newest first, and the total that match (`where`: more conditions, e.g.
+        `service.verification.verification_is`)."""
+        q = select(Job).where(*where)
         if owner is not None:
             q = q.where(Job.owner == owner)
         if state:

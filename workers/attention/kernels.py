@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -277,8 +278,38 @@ def _flash_runs(device: torch.device, head_dim: int | None) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+_IN_USE: list[BlockKernel] = []  # kernels `use_kernel` put in charge here, innermost last
+
+
+def register_kernel(kernel: BlockKernel) -> None:
+    """Add a block kernel to the registry under `kernel.name` (RINGTRAIN_ATTN_BACKEND can name it).
+
+    A name taken by another kernel is refused: a registration never silently replaces a backend."""
+    known = _BACKENDS.get(kernel.name)
+    if known is not None and known != kernel:
+        raise ValueError(f"a different block kernel is already registered as {kernel.name!r}")
+    _BACKENDS[kernel.name] = kernel
+
+
+@contextmanager
+def use_kernel(kernel: BlockKernel) -> Iterator[BlockKernel]:
+    """Register `kernel` and make `select_kernel` return it, in this process, inside the block.
+
+    The in-process seam for kernels under development and for tests: a deliberately wrong kernel run
+    through the whole trainer proves that the pre-training verification catches it. Not a setting:
+    nothing outside the calling code can turn it on."""
+    register_kernel(kernel)
+    _IN_USE.append(kernel)
+    try:
+        yield kernel
+    finally:
+        _IN_USE.remove(kernel)
+
+
 def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> BlockKernel:
     """The block kernel used for tensors on `device` of `dtype` (see module docstring)."""
+    if _IN_USE:
+        return _IN_USE[-1]
     forced = os.environ.get("RINGTRAIN_ATTN_BACKEND", "").strip()
     if forced:
         if forced not in _BACKENDS:

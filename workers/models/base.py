@@ -26,6 +26,11 @@ class RingModel(nn.Module):
         raise NotImplementedError
 
     @property
+    def sequence_parallel(self) -> SequenceParallel | None:
+        """The ring attention runs on (None: plain local attention)."""
+        raise NotImplementedError
+
+    @property
     def output_weight(self) -> torch.Tensor:
         """The LM head [vocab, hidden]: `forward` is `features` @ output_weight^T (chunked loss)."""
         raise NotImplementedError

@@ -129,6 +129,10 @@ class PretrainedLM(RingModel):
         """Run attention on this ring from now on (None: plain local attention)."""
         self.state.sp = sp
 
+    @property
+    def sequence_parallel(self) -> SequenceParallel | None:
+        return self.state.sp
+
     def _ring_world(self) -> int:
         return 1 if self.state.sp is None else self.state.sp.world
 

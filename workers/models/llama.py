@@ -185,6 +185,10 @@ class Transformer(RingModel):
         """Run attention on this ring from now on (None: plain local attention)."""
         self.sp = sp
 
+    @property
+    def sequence_parallel(self) -> SequenceParallel | None:
+        return self.sp
+
     def init_value(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
         """GPT-2/Llama-style initial value of parameter `name` (full shape, fp32, CPU) drawn from `generator`.
 

@@ -34,7 +34,7 @@ from workers.models import SequenceParallel, attention_backend, save_pretrained
 from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
 from workers.training.evals import passkey_accuracy
-from workers.training.journal import MetricJournal
+from workers.training.journal import MetricJournal, read_journal
 from workers.training.lease import Lease
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.materialize import materialize, skeleton
@@ -42,6 +42,7 @@ from workers.training.memory import PeakMemory
 from workers.training.mesh import build_mesh
 from workers.training.optim import build_optimizer, build_scheduler, clip_grad_norm, state_bytes
 from workers.training.parallelize import parallelize
+from workers.training.verify import VerificationFailed, verify
 
 Emit = Callable[[MetricPoint], None]
 
@@ -117,6 +118,8 @@ class Trainer:
         self.resumed_from: int | None = None
         self.last_loss: float | None = None
         self.journal: MetricJournal | None = None
+        # the pre-training check: before step 1, or after a resume onto another parallel shape
+        self.needs_verification = spec.verify.enabled
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def load(self, step: int) -> None:
@@ -129,8 +132,27 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
             self.data.load_state_dict(state["data"])
             self.step, self.resumed_from, self.last_loss = step, step, state.get("extra", {}).get("loss")
+            saved = state.get("extra", {}).get("spec", {}).get("parallel")
+            moved = saved != self.spec.parallel.model_dump(mode="json")
+            self.needs_verification = self.spec.verify.enabled and moved
         if self.checkpoint_dir is not None:
+            if self.needs_verification and self._verified_at(step):
+                self.needs_verification = False  # an earlier attempt checked this start
             self.journal = MetricJournal(self.checkpoint_dir, self.mesh.rank, step)
+
+    def _verified_at(self, step: int) -> bool:
+        """Whether rank 0's journal holds a passed verification at `step` (an earlier attempt of
+        this job started here: its points are stored, and checking again would store them twice);
+        every rank gets rank 0's answer."""
+        assert self.checkpoint_dir is not None
+        done = self.mesh.rank == 0 and any(
+            p.name == metrics.VERIFY_PASSED.name and p.step == step and p.value == 1.0
+            for p in read_journal(self.checkpoint_dir, 0)
+        )
+        flag = torch.tensor([1.0 if done else 0.0], device=self.device)
+        if self.mesh.distributed:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
 
     def latest_checkpoint(self) -> int:
         return (latest_step(self.checkpoint_dir) or 0) if self.checkpoint_dir is not None else 0
@@ -167,6 +189,28 @@ class Trainer:
         for name, value in passkey_accuracy(self.model, self.spec, self.mesh, self.device).items():
             if self.mesh.rank == 0:
                 self.point(name, value)
+
+    def verify(self) -> None:
+        """Check the distributed forward/backward against a one-rank reference (`training.verify`),
+        emit the result as `verify_*` points, and raise `VerificationFailed` (every rank, the same
+        reason) when it is over tolerance."""
+        result = verify(
+            self.model,
+            self.spec,
+            self.mesh,
+            self.device,
+            ulysses_group=self._ulysses_group(),
+            # the dtype `_autocast` trains in
+            autocast_dtype=torch.bfloat16 if self.device.type == "cuda" else None,
+        )
+        self.needs_verification = False
+        if self.mesh.rank == 0:
+            for name, value in result.metrics().items():
+                self.point(name, value)
+        if not result.passed:
+            if self.mesh.distributed:
+                dist.barrier()  # rank 0's points are in its buffer before any failure ends the job
+            raise VerificationFailed(result.reason())
 
     # -- one step ------------------------------------------------------------------------------------------------
     def _ulysses_group(self) -> dist.ProcessGroup | None:
@@ -246,6 +290,8 @@ class Trainer:
         A stop request on any rank ends every rank after the current step, with a checkpoint."""
         spec = self.spec
         end = spec.train.steps if max_steps is None else min(spec.train.steps, max_steps)
+        if self.needs_verification:
+            self.verify()
         saved_at = evaluated_at = self.step
         stopped = False
         while self.step < end and not stopped:

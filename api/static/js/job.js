@@ -101,6 +101,7 @@ export function mountJob(root, jobId) {
           h("dt", {}, "Created"), h("dd", { title: job.created_at }, `${age(job.created_at)} ago`),
           job.queue_position != null ? [h("dt", {}, "Queue"), h("dd#job-queue", {},
             `#${job.queue_position} (priority ${job.priority ?? 0}): ${job.queue_reason || "waiting"}`)] : null,
+          h("dt", {}, "Verified"), h("dd#job-verification", {}, verificationBadge(job)),
           h("dt", {}, "Restarts"), h("dd", {}, `${job.restarts} of ${job.spec?.max_restarts ?? "?"}`),
           h("dt", {}, "Ring"), h("dd", {}, `${job.spec?.parallel?.ring_size ?? "?"} × ${job.spec?.parallel?.data_parallel ?? 1}` +
             ` (${job.spec?.parallel?.layout ?? ""}), seq_len ${job.spec?.data?.seq_len ?? "?"}`),
@@ -111,6 +112,21 @@ export function mountJob(root, jobId) {
       errorBox.hidden = false;
       errorBox.replaceChildren(h("h2", {}, "Error"), h("pre", {}, job.error));
     } else errorBox.hidden = true;
+  }
+
+  // The pre-training check of the job's math (derived by the server from the verify_* points).
+  function verificationBadge(j) {
+    const v = j.verification;
+    if (!v) return h("span.muted", {}, j.spec?.verify?.enabled === false ? "disabled" : "not yet");
+    const err = v.max_rel_err == null ? "non-finite" : v.max_rel_err.toExponential(1);
+    const tol = v.tolerance == null ? "?" : v.tolerance.toExponential(0);
+    const fp32 = v.fp32_rel_err == null ? "" : `, ${v.fp32_rel_err.toExponential(1)} vs fp32`;
+    const took = v.seconds == null ? "" : `, ${fmtSeconds(v.seconds)}`;
+    const title = `distributed forward/backward against a one-rank reference on ${v.tokens} ` +
+      `random tokens${took}`;
+    const verdict = v.passed ? `passed: error ${err} ≤` : `failed: error ${err} >`;
+    return h(`span.verify.${v.passed ? "verify-passed" : "verify-failed"}`, { title },
+      `${verdict} tolerance ${tol}${fp32}`);
   }
 
   const renderRingSoon = throttled(() => {
@@ -248,6 +264,7 @@ export function mountJob(root, jobId) {
     const where = chartOf(p.name);
     if (where) where.chart.push(p.step, p.rank, p.value, where.label);
     notePoint(p.name, p.rank, p.step, p.value);
+    if (p.name === "verify_passed") refreshJob();  // the server derives the job's `verification`
     if (job && p.rank === null && p.step > job.step && !TERMINAL.has(job.state)) {
       job.step = p.step;
       job.latest_metrics ||= {};
