@@ -264,7 +264,8 @@ export function mountJob(root, jobId) {
     const where = chartOf(p.name);
     if (where) where.chart.push(p.step, p.rank, p.value, where.label);
     notePoint(p.name, p.rank, p.step, p.value);
-    if (p.name === "verify_passed") refreshJob();  // the server derives the job's `verification`
+    // the server derives the job's `verification` from the points of the verification group
+    if (catalog.lookup(p.name)?.metric.group === "verification") refreshJob();
     if (job && p.rank === null && p.step > job.step && !TERMINAL.has(job.state)) {
       job.step = p.step;
       job.latest_metrics ||= {};
