@@ -11,7 +11,7 @@ import { LiveChart, timings } from "./charts.js";
 import { renderGrid } from "./grid.js";
 import { Catalog, loadCatalog, naturalCompare } from "./metrics.js";
 import { renderRing } from "./ring.js";
-import { age, clock, fmtNum, h, progress, stateBadge, TERMINAL } from "./util.js";
+import { age, clock, fmtNum, fmtSeconds, h, progress, stateBadge, TERMINAL } from "./util.js";
 
 const LOG_TAIL = 500;
 const MAX_OTHER_CHARTS = 24; // names the catalog lacks: one plain chart each, up to this many
