@@ -29,10 +29,10 @@ def model_for(spec: JobSpec) -> RingModel:
     m = spec.model
     if m.kind == "hf":
         model = load_pretrained(m.path, dtype=torch.float32, **m.overrides())
-        if spec.train.activation_checkpointing:
+        if spec.train.activation_checkpointing == "full":
             model.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model
-    return build_model(m, spec.train.seed, spec.train.activation_checkpointing)
+    return build_model(m, spec.train.seed, spec.train.activation_checkpointing == "full")
 
 
 __all__ = [
