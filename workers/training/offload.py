@@ -107,13 +107,12 @@ class BlockInputOffload:
             return
         x.untyped_storage().resize_(entry.nbytes)  # allocated on the compute stream, where it is used
         if not self.cuda:
-            with torch.no_grad():
-                x.copy_(entry.host)
+            x.data.copy_(entry.host)  # `.data`: the same bytes back, without bumping autograd's version
             return
         assert self.side is not None
         self.side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.side), torch.no_grad():
-            x.copy_(entry.host, non_blocking=True)
+        with torch.cuda.stream(self.side):
+            x.data.copy_(entry.host, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.side)
         entry.restored = done
