@@ -30,11 +30,12 @@ bench/fsdp_memory.py compares the total with measured per-rank peaks (BENCHMARKS
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.launcher import ClusterInfo, NodeInfo
-from workers.config import JobSpec, rope_coverage_warning, ulysses_heads_problem
+from workers.config import JobSpec, mlp_tiles, rope_coverage_warning, ulysses_heads_problem
 
 
 @dataclass
@@ -75,44 +76,106 @@ def param_count(spec: JobSpec) -> int:
 
 LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service does not import the trainer)
 
+# Measured on CPU (bench/memory.py --breakdown, BENCHMARKS.md "Memory per token"): the resident size of a rank
+# before its step beyond its training state: interpreter, torch, gloo, the data source.
+CPU_RUNTIME_BYTES = 300 * 10**6
+# A rank's live bytes in backward beyond what is kept, per local token, in units of its terms below: the
+# gradient of the residual stream and of a block's output, the attention backward's fp32 dQ/dK/dV and the
+# ring's travelling dK/dV, the MLP backward's gradients of gate, up and their product (one tile's with a
+# tiled MLP). Fitted once on the native baseline model; the same form for every knob.
+BACKWARD_MLP_FACTOR = 3  # f-sized gradient temporaries of the MLP backward alive together (x 4 bytes)
 
-def memory_estimate(spec: JobSpec) -> dict[str, Any]:
+
+def _tile_tokens(spec: JobSpec, local_tokens: int) -> int:
+    """Tokens of one MLP tile (`mlp_tiles`): the MLP's working set exists for this many tokens at a time."""
+    tiles = mlp_tiles(spec.train.tiled_mlp, local_tokens, spec.model.d_model)
+    return math.ceil(local_tokens / tiles)
+
+
+def activation_terms(spec: JobSpec) -> dict[str, int]:
+    """Floats per local token (and per tile token) that the knobs decide, for one rank.
+
+    kept      what autograd keeps from forward to backward, per token, over all layers;
+    working   the largest set alive while one block is (recomputed and) back-propagated, per token,
+              plus `working_tile` per tile token (the MLP's part when it is tiled);
+    offloaded the part of `kept` held in host memory instead (offload_activations)."""
+    m, tr = spec.model, spec.train
+    d, kvd, f, h, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.n_layers
+    qd = m.n_heads * m.head_dim
+    mlp = 4 * f  # SwiGLU's gate, up, SiLU and product
+    rest = 6 * d + 2 * qd + 2 * kvd + h  # norms, q/k/v/out, lse, residual sums
+    tiled = tr.tiled_mlp != "off"
+    mode = tr.activation_checkpointing
+    # the backward's own temporaries: residual-stream gradients (2d) plus the larger of attention's fp32
+    # dQ/dK/dV with the ring's dK/dV in flight (dq + 4 kvd) and the MLP's gradients (BACKWARD_MLP_FACTOR f)
+    grads_mlp = BACKWARD_MLP_FACTOR * f
+    grads_attn = qd + 4 * kvd
+    terms = {"kept": 0, "working": 2 * d, "working_tile": 0, "offloaded": 0}
+    block_mlp = 0 if tiled else mlp  # per-token MLP bytes of a block's saved set
+    if mode == "full":
+        terms["kept"] = L * d
+        terms["working"] += rest + block_mlp + max(grads_attn, 0 if tiled else grads_mlp)
+        if tr.offload_activations:
+            terms["offloaded"] = (L - 2) * d if L > 2 else 0  # two block inputs in flight stay on the device
+    elif mode == "selective":
+        terms["kept"] = L * rest  # attention's set; the MLP keeps only its input (in `rest`)
+        terms["working"] += (0 if tiled else mlp) + max(grads_attn, 0 if tiled else grads_mlp)
+    else:
+        terms["kept"] = L * (rest + block_mlp)
+        terms["working"] += max(grads_attn, 0 if tiled else grads_mlp)
+    if tiled:
+        terms["working_tile"] = mlp + grads_mlp
+    terms["kept"] += 2 * d + m.head_dim  # embedding output, final norm's input, RoPE tables
+    return terms
+
+
+def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, Any]:
+    """A rank's peak bytes (what `mem_peak_bytes` measures) and its parts; see the module docstring.
+
+    `accelerator`: "cpu" or "gpu" (default: the spec's `resources.accelerator`, auto counting as cpu)."""
     m, p = spec.model, spec.parallel
+    acc = accelerator or ("gpu" if spec.resources.accelerator == "gpu" else "cpu")
     P = param_count(spec)
     ulysses = p.ulysses_size
     W = p.data_parallel * p.ring_size * ulysses
     b = spec.train.batch_size // p.data_parallel
     t = spec.data.seq_len // (p.ring_size * ulysses)
-    d, kvd, f, h, V, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.vocab_size, m.n_layers
-    qd = m.n_heads * m.head_dim
+    d, kvd, V = m.d_model, m.kv_heads * m.head_dim, m.vocab_size
     p_block = block_param_count(spec)
-    p_root = P - L * p_block
-    per_layer = 6 * d + 2 * qd + 2 * kvd + 4 * f + h
-    kept_layers = d * L + per_layer if spec.train.activation_checkpointing else L * per_layer
-    kept_layers += 2 * d + m.head_dim
-    act = 4 * b * t * kept_layers
-    chunk = min(LOSS_CHUNK_TOKENS, b * t)
+    p_root = P - m.n_layers * p_block
+    # CUDA: bf16 activations and gathered parameters (fp32 master shards, grads reduced in fp32)
+    act_bytes, gathered_bytes = (2, 2) if acc == "gpu" else (4, 4)
+    terms = activation_terms(spec)
+    tokens = b * t
+    tile = _tile_tokens(spec, tokens)
+    chunk = min(LOSS_CHUNK_TOKENS, tokens)
     parts = {
+        "runtime": CPU_RUNTIME_BYTES if acc == "cpu" else 0,
         "params": 4 * P // W,
         "grads": 4 * P // W,
         "adamw": 8 * P // W,
-        "gathered": 4 * (2 * p_root + 3 * p_block),
-        "activations": act,
-        "loss": 4 * (2 * chunk * V + V * d + 2 * b * t * d),
-        "ring_buffers": 4 * b * t * 2 * kvd * 2,
+        "gathered": gathered_bytes * (p_root + 2 * p_block) + 4 * (p_root + p_block),  # 2 blocks, fp32 grads
+        "activations": act_bytes * tokens * (terms["kept"] - terms["offloaded"]),
+        "backward_working_set": act_bytes * (tokens * terms["working"] + tile * terms["working_tile"]),
+        "loss": 4 * (2 * chunk * V + V * d + 2 * tokens * d),
+        "ring_buffers": act_bytes * tokens * 2 * kvd * 2,
     }
     return {
         "param_count": P,
         "world_size": W,
         "local_tokens": t,
         "local_batch": b,
+        "mlp_tile_tokens": tile,
+        "accelerator": acc,
+        "offloaded_bytes": act_bytes * tokens * terms["offloaded"],
         "bytes": parts,
         "total_bytes": sum(parts.values()),
-        "formula": "16·P/W (params, grads, AdamW: sharded over all W ranks) + 4·(2·P_root + 3·P_block) (gathered "
-        "by FSDP) + 4·b·t·[L·(6d + 2d_q + 2d_kv + 4f + h) + 2d + head_dim] (activations; L·d + one layer with "
-        "activation checkpointing) "
-        "+ 4·(2·c·V + V·d + 2·b·t·d) (chunked loss, c ≤ 4096 tokens) + 16·b·t·d_kv (ring K/V buffers); fp32, "
-        "b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size)",
+        "formula": "runtime (CPU: interpreter, torch, gloo) + 16·P/W (params, grads, AdamW: sharded over all W "
+        "ranks) + gathered by FSDP (two blocks and the root, their fp32 grads) + activations kept for backward "
+        "(per train.activation_checkpointing / tiled_mlp / offload_activations) + the backward's working set "
+        "(one block recomputed and its gradients; the MLP's part per tile when tiled) + chunked loss + ring "
+        "K/V buffers; b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size); bytes per activation 4 "
+        "on CPU, 2 on CUDA (bf16)",
     }
 
 

@@ -70,7 +70,8 @@ def _grads(rank: int, world: int, specs: list[str], offload_on_cpu: bool) -> lis
             g = p.grad
             assert g is not None, name
             name = name.replace("_checkpoint_wrapped_module.", "")
-            grads[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().numpy().copy()  # numpy: tensors cannot outlive the process
+            full = g.full_tensor() if isinstance(g, DTensor) else g
+            grads[name] = full.detach().numpy().copy()  # numpy: tensors cannot outlive the process
         offloaded = trainer.offload.offloaded_bytes if trainer.offload is not None else 0
         out.append({"loss": float(total), "grads": grads, "offloaded": offloaded})
     return out
@@ -135,8 +136,12 @@ def test_knobs_on_a_pretrained_model(tmp_path):
             train=train,
         ).model_dump_json()
 
-    knobs = [{}, {"activation_checkpointing": "full", "tiled_mlp": "auto"}, {"activation_checkpointing": "selective"},
-             {"tiled_mlp": 5}]
+    knobs = [
+        {},
+        {"activation_checkpointing": "full", "tiled_mlp": "auto"},
+        {"activation_checkpointing": "selective"},
+        {"tiled_mlp": 5},
+    ]
     per_rank = run_distributed(_grads, 2, [spec(**k) for k in knobs], False)
     _compare(per_rank[0], [str(k) for k in knobs])
 

@@ -186,7 +186,6 @@ class TrainConfig(StrictModel):
         return v
 
 
-
 def mlp_tiles(tiled_mlp: str | int, local_tokens: int, d_model: int) -> int:
     """Sequence tiles per MLP call for `train.tiled_mlp` (1: untiled). `auto` keeps each tile at about d_model
     tokens, so a tile's intermediates (~4·ffn_hidden per token) stay near one layer's d_model² weights (ALST's

@@ -121,9 +121,7 @@ class BlockInputOffload:
 def _owns_storage(x: torch.Tensor) -> bool:
     """True when `x` is the whole of its storage: releasing the storage then frees nothing else."""
     return (
-        x.is_contiguous()
-        and x.storage_offset() == 0
-        and x.untyped_storage().nbytes() == x.numel() * x.element_size()
+        x.is_contiguous() and x.storage_offset() == 0 and x.untyped_storage().nbytes() == x.numel() * x.element_size()
     )
 
 
@@ -140,5 +138,5 @@ def offload_block_inputs(layers: nn.ModuleList, device: torch.device) -> BlockIn
                 state.after_block(_index, x, out)
             return y
 
-        block.forward = forward  # type: ignore[method-assign]
+        block.forward = forward
     return state

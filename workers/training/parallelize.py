@@ -30,7 +30,6 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
-
 from torch.utils.checkpoint import checkpoint
 
 from workers.config import mlp_tiles
@@ -64,7 +63,7 @@ def apply_mlp_checkpointing(model: nn.Module) -> None:
             out: torch.Tensor = checkpoint(_inner, x, use_reentrant=False)
             return out
 
-        mlp.forward = forward  # type: ignore[method-assign]
+        mlp.forward = forward
 
 
 def apply_tiled_mlp(model: nn.Module, tiled_mlp: str | int, d_model: int) -> None:
@@ -98,7 +97,9 @@ def parallelize(
 ) -> BlockInputOffload | None:
     """Memory knobs first (inside each FSDP unit, so FSDP's gather/free hooks stay outside the recomputed
     region), then FSDP. Returns the offload state when activations are offloaded (for its byte count)."""
-    mode = {True: "full", False: "none"}.get(activation_checkpointing, activation_checkpointing)  # type: ignore[call-overload]
+    if isinstance(activation_checkpointing, bool):  # the older boolean form
+        activation_checkpointing = "full" if activation_checkpointing else "none"
+    mode = activation_checkpointing
     if offload_activations and device.type != "cuda":
         raise ValueError("train.offload_activations needs CUDA: this rank has no GPU")
     if offload_activations and mode != "full":
@@ -120,4 +121,5 @@ def _hidden_size(model: nn.Module) -> int:
     cfg = getattr(model, "cfg", None)
     if cfg is not None:
         return int(cfg.d_model)
-    return int(model.config.hidden_size)  # type: ignore[union-attr]
+    hidden: int = getattr(model, "config").hidden_size  # noqa: B009  (PretrainedLM.config is a property)
+    return int(hidden)

@@ -90,4 +90,4 @@ def _tiled_forward(module: nn.Module, inner: Forward, tiles: Callable[[int], int
 def tile_mlp(mlp: nn.Module, tiles: Callable[[int], int]) -> None:
     """Make `mlp` run over `tiles(local_tokens)` token tiles from now on (1: unchanged)."""
     inner: Forward = mlp.forward
-    mlp.forward = _tiled_forward(mlp, inner, tiles)  # type: ignore[method-assign]
+    mlp.forward = _tiled_forward(mlp, inner, tiles)
