@@ -71,7 +71,13 @@ def torchrun(spec: dict[str, Any], ring: int, extra: list[str], env: dict[str, s
         path, out = Path(tmp) / "spec.yaml", Path(tmp) / "m.jsonl"
         path.write_text(yaml.safe_dump(spec))
         module = extra[0] if extra else "workers.train"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ring}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={ring}",
+        ]
         cmd += ["-m", module, str(path), "--steps", "2", "--metrics-jsonl", str(out), *extra[1:]]
         run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         subprocess.run(cmd, check=True, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

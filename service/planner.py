@@ -78,12 +78,10 @@ LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service 
 
 # Measured on CPU (bench/memory.py --breakdown, BENCHMARKS.md "Memory per token"): the resident size of a rank
 # before its step beyond its training state: interpreter, torch, gloo, the data source.
-CPU_RUNTIME_BYTES = 300 * 10**6
-# A rank's live bytes in backward beyond what is kept, per local token, in units of its terms below: the
-# gradient of the residual stream and of a block's output, the attention backward's fp32 dQ/dK/dV and the
-# ring's travelling dK/dV, the MLP backward's gradients of gate, up and their product (one tile's with a
-# tiled MLP). Fitted once on the native baseline model; the same form for every knob.
-BACKWARD_MLP_FACTOR = 3  # f-sized gradient temporaries of the MLP backward alive together (x 4 bytes)
+CPU_RUNTIME_BYTES = 330 * 10**6
+# The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit, measured,
+# in what the backward frees as it consumes saved tensors, except the two residual-stream gradients (2·d per
+# token): bench/memory.py, BENCHMARKS.md "Memory per token".
 
 
 def _tile_tokens(spec: JobSpec, local_tokens: int) -> int:
@@ -106,25 +104,18 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
     rest = 6 * d + 2 * qd + 2 * kvd + h  # norms, q/k/v/out, lse, residual sums
     tiled = tr.tiled_mlp != "off"
     mode = tr.activation_checkpointing
-    # the backward's own temporaries: residual-stream gradients (2d) plus the larger of attention's fp32
-    # dQ/dK/dV with the ring's dK/dV in flight (dq + 4 kvd) and the MLP's gradients (BACKWARD_MLP_FACTOR f)
-    grads_mlp = BACKWARD_MLP_FACTOR * f
-    grads_attn = qd + 4 * kvd
-    terms = {"kept": 0, "working": 2 * d, "working_tile": 0, "offloaded": 0}
-    block_mlp = 0 if tiled else mlp  # per-token MLP bytes of a block's saved set
+    terms = {"kept": 0, "working": 2 * d, "working_tile": mlp if tiled else 0, "offloaded": 0}
+    block_mlp = 0 if tiled else mlp  # per-token MLP floats of a block's saved set
     if mode == "full":
         terms["kept"] = L * d
-        terms["working"] += rest + block_mlp + max(grads_attn, 0 if tiled else grads_mlp)
+        terms["working"] += rest + block_mlp  # one block recomputed in backward
         if tr.offload_activations:
             terms["offloaded"] = (L - 2) * d if L > 2 else 0  # two block inputs in flight stay on the device
     elif mode == "selective":
         terms["kept"] = L * rest  # attention's set; the MLP keeps only its input (in `rest`)
-        terms["working"] += (0 if tiled else mlp) + max(grads_attn, 0 if tiled else grads_mlp)
+        terms["working"] += block_mlp  # one MLP recomputed in backward
     else:
         terms["kept"] = L * (rest + block_mlp)
-        terms["working"] += max(grads_attn, 0 if tiled else grads_mlp)
-    if tiled:
-        terms["working_tile"] = mlp + grads_mlp
     terms["kept"] += 2 * d + m.head_dim  # embedding output, final norm's input, RoPE tables
     return terms
 

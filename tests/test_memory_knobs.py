@@ -112,7 +112,10 @@ def test_knobs_give_the_same_loss_and_gradients(ring):
 @pytest.mark.multiprocess
 def test_offload_mechanism_is_exact_and_moves_every_block_input():
     """Full checkpointing with the block inputs released to host memory and restored in backward (CPU copies)."""
-    specs = [_native(2, activation_checkpointing="full"), _native(2, activation_checkpointing="full", tiled_mlp=2)]
+    specs = [
+        _native(2, activation_checkpointing="full"),
+        _native(2, activation_checkpointing="full", tiled_mlp=2),
+    ]
     plain = run_distributed(_grads, 2, specs, False)
     moved = run_distributed(_grads, 2, specs, True)
     for r in range(2):
@@ -149,7 +152,12 @@ def test_knobs_on_a_pretrained_model(tmp_path):
 def test_knob_validation():
     assert tiny_spec(train={"activation_checkpointing": True}).train.activation_checkpointing == "full"
     assert tiny_spec(train={"activation_checkpointing": False}).train.activation_checkpointing == "none"
-    for bad in ({"activation_checkpointing": "some"}, {"tiled_mlp": 0}, {"tiled_mlp": True}, {"tiled_mlp": "on"}):
+    for bad in (
+        {"activation_checkpointing": "some"},
+        {"tiled_mlp": 0},
+        {"tiled_mlp": True},
+        {"tiled_mlp": "on"},
+    ):
         with pytest.raises(ValidationError) as e:
             tiny_spec(train=bad)
         assert e.value.errors()[0]["loc"][:2] == ("train", next(iter(bad))), e.value.errors()

@@ -30,7 +30,12 @@ class _TiledMLP(torch.autograd.Function):
     @staticmethod
     @custom_fwd(device_type="cuda")  # backward re-enters the forward's autocast state
     def forward(
-        ctx: Any, forward: Forward, tiles: int, params: tuple[torch.Tensor, ...], x: torch.Tensor, *flat: torch.Tensor
+        ctx: Any,
+        forward: Forward,
+        tiles: int,
+        params: tuple[torch.Tensor, ...],
+        x: torch.Tensor,
+        *flat: torch.Tensor,
     ) -> torch.Tensor:
         ctx.forward, ctx.tiles, ctx.params = forward, tiles, params
         ctx.save_for_backward(x)
