@@ -2,6 +2,7 @@
 
     python -m bench.memory --breakdown [--seq 4096] [--ring 2] [--knobs full]    # one step attributed to causes
     python -m bench.memory --grid [--seqs 4096 8192] [--ring 2] [--knobs none full full+tiled ...]
+    python -m bench.memory --cost [--seq 2048] [--knobs none selective full ...]   # CPU time per knob
 
 Model (the issue's baseline): native d_model 512, 8 layers, 16/4 heads, ffn_mult 4, zigzag, batch 1, fp32,
 one thread per rank. Every run is `torchrun -m workers.train SPEC --steps 2` (the real trainer) and reads
@@ -90,7 +91,8 @@ def step2(points: list[dict], name: str) -> float:
 
 
 def grid(args: argparse.Namespace) -> None:
-    print("| knobs | seq | ring | peak/rank GB | estimate GB | est. error | tok/s | tok/s vs none |")
+    first = args.knobs[0]
+    print(f"| knobs | seq | ring | peak/rank GB | estimate GB | est. error | tok/s | tok/s vs {first} |")
     print("|---|---|---|---|---|---|---|---|")
     rows: dict[tuple[str, int], tuple[float, float]] = {}
     for knobs in args.knobs:
@@ -112,6 +114,35 @@ def grid(args: argparse.Namespace) -> None:
     for knobs in args.knobs:
         per_token = (rows[(knobs, hi)][0] - rows[(knobs, lo)][0]) / ((hi - lo) / args.ring)
         print(f"| {knobs} | {per_token / unit:.2f} |")
+
+
+def cost(args: argparse.Namespace) -> None:
+    """Compute cost of each knob: thread CPU seconds of one forward+backward on one rank (fastest of
+    --reps), the baseline model at --seq tokens. CPU time, not wall time: other work on the machine
+    does not count, which wall time on a shared machine cannot promise."""
+    import time
+
+    import torch
+
+    from workers.training.trainer import Trainer
+
+    torch.set_num_threads(1)
+    seconds: dict[str, float] = {}
+    print("| knobs | seq | cpu s (fwd+bwd) | tok/s (cpu) | vs none |\n|---|---|---|---|---|")
+    for knobs in args.knobs:
+        spec = JobSpec.model_validate(spec_dict(args.seq, 1, knobs))
+        trainer = Trainer(spec, checkpoint_dir=None, emit=lambda p: None, device=torch.device("cpu"))
+        local = trainer.local_batch()
+        best = float("inf")
+        for _ in range(args.reps):
+            t0 = time.thread_time()
+            trainer.forward_backward(local)
+            best = min(best, time.thread_time() - t0)
+            trainer.optimizer.zero_grad(set_to_none=True)
+        seconds[knobs] = best
+        base = seconds.get("none", best)
+        print(f"| {knobs} | {args.seq} | {best:.2f} | {args.seq / best:.0f} | {base / best:.2f} |", flush=True)
+        del trainer
 
 
 def breakdown(args: argparse.Namespace) -> None:
@@ -180,6 +211,8 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--breakdown-rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--grid", action="store_true")
+    parser.add_argument("--cost", action="store_true", help="CPU seconds of fwd+bwd per knob, one rank")
+    parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--ring", type=int, default=2)
@@ -191,6 +224,8 @@ def main() -> None:
         breakdown_rank(args.spec, args.metrics_jsonl)
     elif args.breakdown:
         breakdown(args)
+    elif args.cost:
+        cost(args)
     else:
         grid(args)
 

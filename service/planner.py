@@ -5,27 +5,39 @@ rank; STRICT_PACK when the whole job fits one node, else PACK (fill the nodes wi
 capacity first); ranks are then ordered node by node, device id ascending, and the number of ring
 edges that cross a node boundary is counted per ring.
 
-Memory per rank (bytes, fp32 everywhere — an upper bound for bf16 runs). The training state is sharded by
-FSDP over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are gathered whole
-only while it runs (the one running and the one prefetched), the root's (embedding, head, final norm) for
-the whole step:
+Memory per rank (bytes): what a rank reports as `mem_peak_bytes`. The training state is sharded by FSDP
+over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are gathered whole only
+while it runs (the one running and the one prefetched), the root's (embedding, head, final norm) for the
+whole step. With a = bytes per activation (4 on CPU; 2 on CUDA, bf16 under autocast) and T = b·t:
 
-    state       = 16·P / W                              (fp32 param, grad, AdamW exp_avg + exp_avg_sq shards)
-    gathered    = 4·(2·P_root + 3·P_block)              (root params + grads, two blocks + one block's grad)
-    activations = 4·b·t·[L·(6·d + 2·d_q + 2·d_kv + 4·f + h) + 2·d + e]      without activation checkpointing
-                  4·b·t·[L·d + (6·d + 2·d_q + 2·d_kv + 4·f + h) + 2·d + e] with (block inputs kept, one recomputed)
-    loss        = 4·(2·c·V + V·d + 2·b·t·d)             (chunked: one chunk's logits + softmax, the head's
-                                                         fp32 gradient sum, hidden states and their gradient)
-    ring_buffers= 4·b·t·2·d_kv·2                        (K and V blocks: the one computed + the one in flight)
+    runtime     = CPU_RUNTIME_BYTES on CPU (interpreter, torch, gloo: measured), 0 on CUDA
+    state       = 16·P / W                        (fp32 param, grad, AdamW exp_avg + exp_avg_sq shards)
+    gathered    = a·(P_root + 2·P_block) + 4·(P_root + P_block)   (two blocks and the root, fp32 grads)
+    activations = a·T·kept                        (what autograd keeps from forward to backward)
+    backward    = a·(T·working + tile·working_tile)  (one block recomputed and back-propagated)
+    loss        = 4·(2·c·V + V·d + 2·T·d)         (chunked: one chunk's logits + softmax, the head's
+                                                   fp32 gradient sum, hidden states and their gradient)
+    ring_buffers= a·T·2·d_kv·2                    (K and V blocks: the one computed + the one in flight)
 
-with b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local tokens, L
-layers, d = d_model, d_q = n_heads·head_dim, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads
-(log-sum-exp per head), e = head_dim (the RoPE tables; 2·d: the embedding output and the final norm's),
-V = vocab, c = min(LOSS_CHUNK_TOKENS, b·t) tokens per loss chunk. A block keeps, per token: two RMSNorm
-outputs and their weighted copies (4·d), q, k, v and the attention output (2·d_q + 2·d_kv), its log-sum-exp (h),
-the two residual sums (2·d) and SwiGLU's gate, up, SiLU and product (4·f): what autograd saves for the backward
-in `workers.models.llama.Block`, compared with autograd's own count in tests/test_sharding.py.
-bench/fsdp_memory.py compares the total with measured per-rank peaks (BENCHMARKS.md).
+and, per token, with blk = 6·d + 2·d_q + 2·d_kv + h (norm outputs and weighted copies, q/k/v/out, lse,
+residual sums) and mlp = 4·f (SwiGLU's gate, up, SiLU, product; 0 inside `blk` when tiled):
+
+    activation_checkpointing  kept                      working
+    none                      L·(blk + mlp)             2·d
+    selective                 L·blk                     2·d + mlp
+    full                      L·d                       2·d + blk + mlp
+    (+ 2·d + e in every case: embedding output, final norm's input, RoPE tables)
+
+With `tiled_mlp`, mlp leaves both columns and costs `working_tile` = mlp per token of one tile
+(`tile` = T / `mlp_tiles`). With `offload_activations` (CUDA), (L − 2)·d of `kept` is in host memory.
+b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local tokens, L layers,
+d = d_model, d_q = n_heads·head_dim, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads, e =
+head_dim, V = vocab, c = min(LOSS_CHUNK_TOKENS, T). `kept` without checkpointing is compared with autograd's
+own count in tests/test_sharding.py; the totals with measured peaks of every knob in tests/test_memory_plan.py
+and bench/memory.py (BENCHMARKS.md, "Memory per token"). CUDA terms (bf16 activations and gathered
+parameters, fp32 master shards) follow the code and are unmeasured: the caching allocator's reserve beyond
+live tensors, NCCL's buffers and the pinned host memory of offload are not in `max_memory_allocated`, so
+not in the estimate either.
 """
 
 from __future__ import annotations
