@@ -1,10 +1,10 @@
 """Memory knobs change memory, not math: same loss and gradients with and without each one.
 
-Each case builds the real `Trainer` (FSDP over the ring, the knobs applied from outside by `parallelize`), runs
-one `forward_backward` on the same global batch and gathers the full gradients; every knob combination is
-compared with the plain run of the same world, in fp32, for the native model and a tiny transformers Qwen2.
-Offload is CUDA-only in jobs; its mechanism runs here on CPU (`offload_block_inputs` with a CPU device).
-"""
+Each case builds the real `Trainer` (FSDP over the ring, the knobs applied from outside by
+`parallelize`), runs one `forward_backward` on the same global batch and gathers the full gradients;
+every knob combination is compared with the plain run of the same world, in fp32, for the native
+model and a tiny transformers Qwen2. Offload is CUDA-only in jobs; its mechanism runs here on CPU
+(`offload_block_inputs` with a CPU device)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The planner's memory estimate against measured peaks of real training runs (small models, CPU).
 
-`service.planner.memory_estimate(spec)["total_bytes"]` predicts what a rank reports as `mem_peak_bytes` (its
-peak resident memory over a step, allocator retention bounded: `workers.training.memory`); each knob changes
-the estimate as it changes the measurement. bench/memory.py runs the same comparison on the larger baseline.
-"""
+`service.planner.memory_estimate(spec)["total_bytes"]` predicts what a rank reports as
+`mem_peak_bytes` (its peak resident memory over a step, allocator retention bounded:
+`workers.training.memory`); each knob changes the estimate as it changes the measurement.
+bench/memory.py runs the same comparison on the larger baseline."""
 
 from __future__ import annotations
 

@@ -1,24 +1,24 @@
-"""Per-step peak memory of this rank (the `mem_peak_bytes` metric), and what a step's memory is made of.
+"""Per-step peak memory of this rank (the `mem_peak_bytes` metric), and what a step's memory is made
+of.
 
 What `mem_peak_bytes` measures:
 
-- CUDA: `torch.cuda.max_memory_allocated` over the step (live tensors; the caching allocator's reserve and
-  NCCL's buffers are not in it).
-- CPU: the process's peak resident set size over the step (Linux VmHWM, reset before the step through
-  /proc/self/clear_refs), i.e. everything the process holds: the interpreter and torch libraries
-  (~0.3 GB), the training state, the step's tensors, and whatever the C allocator keeps after tensors are
-  freed. Where the reset is impossible it is the lifetime peak (getrusage maxrss).
+- CUDA: `torch.cuda.max_memory_allocated` over the step (live tensors; the caching allocator's
+  reserve and NCCL's buffers are not in it).
+- CPU: the process's peak resident set size over the step (Linux VmHWM, reset before the step
+  through /proc/self/clear_refs), i.e. everything the process holds: the interpreter and torch
+  libraries (~0.3 GB), the training state, the step's tensors, and whatever the C allocator keeps
+  after tensors are freed. Where the reset is impossible it is the lifetime peak (getrusage maxrss).
 
-The last part made the CPU figure dishonest: glibc serves tensors below its mmap threshold (dynamic, up to
-32 MiB) from arenas and keeps freed chunks there, so a step's peak RSS also held the garbage of earlier
-steps and of FSDP's transient gathers. `bound_allocator_retention` fixes the threshold at 1 MiB (every
-tensor larger than that is its own mapping, returned to the system when freed), and `reset` trims what
-the arenas still hold before the peak is reset, so the peak is the step's own. `RINGTRAIN_MALLOC=glibc`
-keeps glibc's default behaviour (for comparisons).
+The last part made the CPU figure dishonest: glibc serves tensors below its mmap threshold (dynamic,
+up to 32 MiB) from arenas and keeps freed chunks there, so a step's peak RSS also held the garbage
+of earlier steps and of FSDP's transient gathers. `bound_allocator_retention` fixes the threshold at
+1 MiB (every tensor larger than that is its own mapping, returned to the system when freed), and
+`reset` trims what the arenas still hold before the peak is reset, so the peak is the step's own.
+`RINGTRAIN_MALLOC=glibc` keeps glibc's default behaviour (for comparisons).
 
-`LiveTensors` (a dispatch mode) attributes a step's live tensor bytes to what created them; `bench/memory.py
---breakdown` uses it.
-"""
+`LiveTensors` (a dispatch mode) attributes a step's live tensor bytes to what created them;
+`bench/memory.py --breakdown` uses it."""
 
 from __future__ import annotations
 

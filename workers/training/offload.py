@@ -1,20 +1,21 @@
-"""Activation offload: the inputs that full checkpointing keeps per block live in host memory until backward.
+"""Activation offload: the inputs that full checkpointing keeps per block live in host memory until
+backward.
 
-With full activation checkpointing a rank keeps one tensor per block from forward to backward, the block's
-input ([batch, local tokens, d_model]); everything else is recomputed. `offload_block_inputs` patches each
-checkpointed block's `forward` from outside: after the block has run, its input is copied to (pinned) host
-memory on a side stream and its device storage is released once the copy is done (one block later, so the
-copy overlaps the next block's compute). In backward, a hook on the block's output (it fires when the
-gradient reaches the block, before the checkpoint recomputes it) restores the input and starts copying the
-previous block's input back, so that copy overlaps this block's recompute and backward.
+With full activation checkpointing a rank keeps one tensor per block from forward to backward, the
+block's input ([batch, local tokens, d_model]); everything else is recomputed.
+`offload_block_inputs` patches each checkpointed block's `forward` from outside: after the block has
+run, its input is copied to (pinned) host memory on a side stream and its device storage is released
+once the copy is done (one block later, so the copy overlaps the next block's compute). In backward,
+a hook on the block's output (it fires when the gradient reaches the block, before the checkpoint
+recomputes it) restores the input and starts copying the previous block's input back, so that copy
+overlaps this block's recompute and backward.
 
 The device tensor object stays the same (only its storage is released and re-allocated), so the
-checkpoint's recompute reads it unchanged: the math is the same as without offload. Inputs that are views
-into a larger storage are left on the device (releasing them would free someone else's data).
+checkpoint's recompute reads it unchanged: the math is the same as without offload. Inputs that are
+views into a larger storage are left on the device (releasing them would free someone else's data).
 
-CUDA only in jobs (validation refuses it for CPU jobs); the same mechanism runs on CPU with plain copies,
-which is how the tests check it is exact.
-"""
+CUDA only in jobs (validation refuses it for CPU jobs); the same mechanism runs on CPU with plain
+copies, which is how the tests check it is exact."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """Tiled MLP (ALST): a block's MLP runs over sequence tiles, forward and backward.
 
-An MLP is pointwise in the sequence, so running it tile by tile is the same function. Its intermediates
-(SwiGLU's gate, up, activation and product: ~4·ffn_hidden floats per token, the largest part of a block's
-working set) then exist for one tile at a time: the forward keeps only the MLP's input, and the backward
-recomputes each tile with autograd on, back-propagates it and drops it before the next one.
+An MLP is pointwise in the sequence, so running it tile by tile is the same function. Its
+intermediates (SwiGLU's gate, up, activation and product: ~4·ffn_hidden floats per token, the
+largest part of a block's working set) then exist for one tile at a time: the forward keeps only the
+MLP's input, and the backward recomputes each tile with autograd on, back-propagates it and drops it
+before the next one.
 
-Applied from outside by patching the MLP instance's `forward` (`tile_mlp`), so parameter names, state
-dicts, checkpoints and export are unchanged; it works on any module whose output has its input's shape
-(the native `SwiGLU` and transformers' `LlamaMLP`/`Qwen2MLP`/... alike).
-"""
+Applied from outside by patching the MLP instance's `forward` (`tile_mlp`), so parameter names,
+state dicts, checkpoints and export are unchanged; it works on any module whose output has its
+input's shape (the native `SwiGLU` and transformers' `LlamaMLP`/`Qwen2MLP`/... alike)."""
 
 from __future__ import annotations
 
