@@ -91,6 +91,7 @@ LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service 
 # Measured on CPU (bench/memory.py --breakdown, BENCHMARKS.md "Memory per token"): the resident size of a rank
 # before its step beyond its training state: interpreter, torch, gloo, the data source.
 CPU_RUNTIME_BYTES = 330 * 10**6
+CPU_RUNTIME_HF_BYTES = 100 * 10**6  # a pretrained model's process also holds transformers' modules (measured)
 # The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit, measured,
 # in what the backward frees as it consumes saved tensors, except the two residual-stream gradients (2·d per
 # token): bench/memory.py, BENCHMARKS.md "Memory per token".
@@ -153,7 +154,7 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
     tile = _tile_tokens(spec, tokens)
     chunk = min(LOSS_CHUNK_TOKENS, tokens)
     parts = {
-        "runtime": CPU_RUNTIME_BYTES if acc == "cpu" else 0,
+        "runtime": (CPU_RUNTIME_BYTES + (CPU_RUNTIME_HF_BYTES if m.kind == "hf" else 0)) if acc == "cpu" else 0,
         "params": 4 * P // W,
         "grads": 4 * P // W,
         "adamw": 8 * P // W,
