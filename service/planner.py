@@ -23,9 +23,9 @@ and, per token, with blk = 6·d + 2·d_q + 2·d_kv + h (norm outputs and weighte
 residual sums) and mlp = 4·f (SwiGLU's gate, up, SiLU, product; 0 inside `blk` when tiled):
 
     activation_checkpointing  kept                      working
-    none                      L·(blk + mlp)             2·d
-    selective                 L·blk                     2·d + mlp
-    full                      L·d                       2·d + blk + mlp
+    none                      L·(blk + mlp)             0
+    selective                 L·blk                     mlp
+    full                      L·d                       blk/2 + mlp
     (+ 2·d + e in every case: embedding output, final norm's input, RoPE tables)
 
 With `tiled_mlp`, mlp leaves both columns and costs `working_tile` = mlp per token of one tile
@@ -93,8 +93,7 @@ LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service 
 CPU_RUNTIME_BYTES = 330 * 10**6
 CPU_RUNTIME_HF_BYTES = 100 * 10**6  # a pretrained model's process also holds transformers' modules (measured)
 # The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit, measured,
-# in what the backward frees as it consumes saved tensors, except the two residual-stream gradients (2·d per
-# token): bench/memory.py, BENCHMARKS.md "Memory per token".
+# in what the backward frees as it consumes saved tensors: bench/memory.py, BENCHMARKS.md "Memory per token".
 
 
 def _tile_tokens(spec: JobSpec, local_tokens: int) -> int:
@@ -117,11 +116,13 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
     rest = 6 * d + 2 * qd + 2 * kvd + h  # norms, q/k/v/out, lse, residual sums
     tiled = tr.tiled_mlp != "off"
     mode = tr.activation_checkpointing
-    terms = {"kept": 0, "working": 2 * d, "working_tile": mlp if tiled else 0, "offloaded": 0}
+    terms = {"kept": 0, "working": 0, "working_tile": mlp if tiled else 0, "offloaded": 0}
     block_mlp = 0 if tiled else mlp  # per-token MLP floats of a block's saved set
     if mode == "full":
         terms["kept"] = L * d
-        terms["working"] += rest + block_mlp  # one block recomputed in backward
+        # one block recomputed in backward: its MLP set whole, its attention side about half (the backward
+        # frees saved tensors as it consumes them; fitted on the measured marginal bytes per token)
+        terms["working"] += rest // 2 + block_mlp
         if tr.offload_activations:
             terms["offloaded"] = (L - 2) * d if L > 2 else 0  # two block inputs in flight stay on the device
     elif mode == "selective":
