@@ -67,7 +67,7 @@ def _row(spec: JobSpec, per_rank: list[dict[str, float]]) -> str:
     est = memory_estimate(spec)["total_bytes"]
     state, peak = max(r["state"] for r in per_rank), max(r["peak"] for r in per_rank)
     return (
-        f"| {spec.world_size} | {spec.data.seq_len} | {'on' if spec.train.activation_checkpointing else 'off'} "
+        f"| {spec.world_size} | {spec.data.seq_len} | {spec.train.activation_checkpointing} "
         f"| {state / GIB:.2f} | {peak / GIB:.2f} | {est / GIB:.2f} | {100 * (est - peak) / peak:+.0f} % "
         f"| {per_rank[0]['step_s']:.1f} |"
     )

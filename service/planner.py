@@ -7,36 +7,49 @@ else PACK (the nodes with the most room first); where the bundles land, ranks ar
 `order_ranks`, as the driver orders them, and the hops that cross a node boundary are counted per
 sequence group.
 
-Memory per rank (bytes, fp32 everywhere — an upper bound for bf16 runs). The training state is sharded by
-FSDP over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are gathered whole
-only while it runs (the one running and the one prefetched), the root's (embedding, head, final norm) for
-the whole step:
+Memory per rank (bytes): what a rank reports as `mem_peak_bytes`. The training state is sharded by FSDP
+over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are gathered whole only
+while it runs (the one running and the one prefetched), the root's (embedding, head, final norm) for the
+whole step. With a = bytes per activation (4 on CPU; 2 on CUDA, bf16 under autocast) and T = b·t:
 
-    state       = 16·P / W                              (fp32 param, grad, AdamW exp_avg + exp_avg_sq shards)
-    gathered    = 4·(2·P_root + 3·P_block)              (root params + grads, two blocks + one block's grad)
-    activations = 4·b·t·[L·(6·d + 2·d_q + 2·d_kv + 4·f + h) + 2·d + e]      without activation checkpointing
-                  4·b·t·[L·d + (6·d + 2·d_q + 2·d_kv + 4·f + h) + 2·d + e] with (block inputs kept, one recomputed)
-    loss        = 4·(2·c·V + V·d + 2·b·t·d)             (chunked: one chunk's logits + softmax, the head's
-                                                         fp32 gradient sum, hidden states and their gradient)
-    ring_buffers= 4·b·t·2·d_kv·2                        (K and V blocks: the one computed + the one in flight)
+    runtime     = CPU_RUNTIME_BYTES on CPU (interpreter, torch, gloo: measured), 0 on CUDA
+    state       = 16·P / W                        (fp32 param, grad, AdamW exp_avg + exp_avg_sq shards)
+    gathered    = a·(P_root + 2·P_block) + 4·(P_root + P_block)   (two blocks and the root, fp32 grads)
+    activations = a·T·kept                        (what autograd keeps from forward to backward)
+    backward    = a·(T·working + tile·working_tile)  (one block recomputed and back-propagated)
+    loss        = 4·(2·c·V + V·d + 2·T·d)         (chunked: one chunk's logits + softmax, the head's
+                                                   fp32 gradient sum, hidden states and their gradient)
+    ring_buffers= a·T·2·d_kv·2                    (K and V blocks: the one computed + the one in flight)
 
-with b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local tokens, L
-layers, d = d_model, d_q = n_heads·head_dim, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads
-(log-sum-exp per head), e = head_dim (the RoPE tables; 2·d: the embedding output and the final norm's),
-V = vocab, c = min(LOSS_CHUNK_TOKENS, b·t) tokens per loss chunk. A block keeps, per token: two RMSNorm
-outputs and their weighted copies (4·d), q, k, v and the attention output (2·d_q + 2·d_kv), its log-sum-exp (h),
-the two residual sums (2·d) and SwiGLU's gate, up, SiLU and product (4·f): what autograd saves for the backward
-in `workers.models.llama.Block`, compared with autograd's own count in tests/test_sharding.py.
-bench/fsdp_memory.py compares the total with measured per-rank peaks (BENCHMARKS.md).
+and, per token, with blk = 6·d + 2·d_q + 2·d_kv + h (norm outputs and weighted copies, q/k/v/out, lse,
+residual sums) and mlp = 4·f (SwiGLU's gate, up, SiLU, product; 0 inside `blk` when tiled):
+
+    activation_checkpointing  kept                      working
+    none                      L·(blk + mlp)             0
+    selective                 L·blk                     mlp
+    full                      L·d                       blk/2 + mlp
+    (+ 2·d + e in every case: embedding output, final norm's input, RoPE tables)
+
+With `tiled_mlp`, mlp leaves both columns and costs `working_tile` = mlp per token of one tile
+(`tile` = T / `mlp_tiles`). With `offload_activations` (CUDA), (L − 2)·d of `kept` is in host memory.
+b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local tokens, L layers,
+d = d_model, d_q = n_heads·head_dim, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads, e =
+head_dim, V = vocab, c = min(LOSS_CHUNK_TOKENS, T). `kept` without checkpointing is compared with autograd's
+own count in tests/test_sharding.py; the totals with measured peaks of every knob in tests/test_memory_plan.py
+and bench/memory.py (BENCHMARKS.md, "Memory per token"). CUDA terms (bf16 activations and gathered
+parameters, fp32 master shards) follow the code and are unmeasured: the caching allocator's reserve beyond
+live tensors, NCCL's buffers and the pinned host memory of offload are not in `max_memory_allocated`, so
+not in the estimate either.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.launcher import ClusterInfo, NodeInfo
-from workers.config import JobSpec, rope_coverage_warning, ulysses_heads_problem
+from workers.config import JobSpec, mlp_tiles, rope_coverage_warning, ulysses_heads_problem
 from workers.parallel_dims import (
     STRICT_PACK,
     ParallelDims,
@@ -87,44 +100,99 @@ def param_count(spec: JobSpec) -> int:
 
 LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service does not import the trainer)
 
+# Measured on CPU (bench/memory.py --breakdown, BENCHMARKS.md "Memory per token"): the resident size of a rank
+# before its step beyond its training state: interpreter, torch, gloo, the data source.
+CPU_RUNTIME_BYTES = 330 * 10**6
+CPU_RUNTIME_HF_BYTES = 100 * 10**6  # a pretrained model's process also holds transformers' modules (measured)
+# The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit, measured,
+# in what the backward frees as it consumes saved tensors: bench/memory.py, BENCHMARKS.md "Memory per token".
 
-def memory_estimate(spec: JobSpec) -> dict[str, Any]:
+
+def _tile_tokens(spec: JobSpec, local_tokens: int) -> int:
+    """Tokens of one MLP tile (`mlp_tiles`): the MLP's working set exists for this many tokens at a time."""
+    tiles = mlp_tiles(spec.train.tiled_mlp, local_tokens, spec.model.d_model)
+    return math.ceil(local_tokens / tiles)
+
+
+def activation_terms(spec: JobSpec) -> dict[str, int]:
+    """Floats per local token (and per tile token) that the knobs decide, for one rank.
+
+    kept      what autograd keeps from forward to backward, per token, over all layers;
+    working   the largest set alive while one block is (recomputed and) back-propagated, per token,
+              plus `working_tile` per tile token (the MLP's part when it is tiled);
+    offloaded the part of `kept` held in host memory instead (offload_activations)."""
+    m, tr = spec.model, spec.train
+    d, kvd, f, h, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.n_layers
+    qd = m.n_heads * m.head_dim
+    mlp = 4 * f  # SwiGLU's gate, up, SiLU and product
+    rest = 6 * d + 2 * qd + 2 * kvd + h  # norms, q/k/v/out, lse, residual sums
+    tiled = tr.tiled_mlp != "off"
+    mode = tr.activation_checkpointing
+    terms = {"kept": 0, "working": 0, "working_tile": mlp if tiled else 0, "offloaded": 0}
+    block_mlp = 0 if tiled else mlp  # per-token MLP floats of a block's saved set
+    if mode == "full":
+        terms["kept"] = L * d
+        # one block recomputed in backward: its MLP set whole, its attention side about half (the backward
+        # frees saved tensors as it consumes them; fitted on the measured marginal bytes per token)
+        terms["working"] += rest // 2 + block_mlp
+        if tr.offload_activations:
+            terms["offloaded"] = (L - 2) * d if L > 2 else 0  # two block inputs in flight stay on the device
+    elif mode == "selective":
+        terms["kept"] = L * rest  # attention's set; the MLP keeps only its input (in `rest`)
+        terms["working"] += block_mlp  # one MLP recomputed in backward
+    else:
+        terms["kept"] = L * (rest + block_mlp)
+    terms["kept"] += 2 * d + m.head_dim  # embedding output, final norm's input, RoPE tables
+    return terms
+
+
+def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, Any]:
+    """A rank's peak bytes (what `mem_peak_bytes` measures) and its parts; see the module docstring.
+
+    `accelerator`: "cpu" or "gpu" (default: the spec's `resources.accelerator`, auto counting as cpu)."""
     m, p = spec.model, spec.parallel
+    acc = accelerator or ("gpu" if spec.resources.accelerator == "gpu" else "cpu")
     P = param_count(spec)
     ulysses = p.ulysses_size
     W = p.data_parallel * p.ring_size * ulysses
     b = spec.train.batch_size // p.data_parallel
     t = spec.data.seq_len // (p.ring_size * ulysses)
-    d, kvd, f, h, V, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.vocab_size, m.n_layers
-    qd = m.n_heads * m.head_dim
+    d, kvd, V = m.d_model, m.kv_heads * m.head_dim, m.vocab_size
     p_block = block_param_count(spec)
-    p_root = P - L * p_block
-    per_layer = 6 * d + 2 * qd + 2 * kvd + 4 * f + h
-    kept_layers = d * L + per_layer if spec.train.activation_checkpointing else L * per_layer
-    kept_layers += 2 * d + m.head_dim
-    act = 4 * b * t * kept_layers
-    chunk = min(LOSS_CHUNK_TOKENS, b * t)
+    p_root = P - m.n_layers * p_block
+    # CUDA: bf16 activations and gathered parameters (fp32 master shards, grads reduced in fp32)
+    act_bytes, gathered_bytes = (2, 2) if acc == "gpu" else (4, 4)
+    terms = activation_terms(spec)
+    tokens = b * t
+    tile = _tile_tokens(spec, tokens)
+    chunk = min(LOSS_CHUNK_TOKENS, tokens)
     parts = {
+        "runtime": (CPU_RUNTIME_BYTES + (CPU_RUNTIME_HF_BYTES if m.kind == "hf" else 0)) if acc == "cpu" else 0,
         "params": 4 * P // W,
         "grads": 4 * P // W,
         "adamw": 8 * P // W,
-        "gathered": 4 * (2 * p_root + 3 * p_block),
-        "activations": act,
-        "loss": 4 * (2 * chunk * V + V * d + 2 * b * t * d),
-        "ring_buffers": 4 * b * t * 2 * kvd * 2,
+        "gathered": gathered_bytes * (p_root + 2 * p_block) + 4 * (p_root + p_block),  # 2 blocks, fp32 grads
+        "activations": act_bytes * tokens * (terms["kept"] - terms["offloaded"]),
+        "backward_working_set": act_bytes * (tokens * terms["working"] + tile * terms["working_tile"]),
+        "loss": 4 * (2 * chunk * V + V * d + 2 * tokens * d),
+        "ring_buffers": act_bytes * tokens * 2 * kvd * 2,
     }
     return {
         "param_count": P,
         "world_size": W,
         "local_tokens": t,
         "local_batch": b,
+        "mlp_tile_tokens": tile,
+        "accelerator": acc,
+        "offloaded_bytes": act_bytes * tokens * terms["offloaded"],
         "bytes": parts,
         "total_bytes": sum(parts.values()),
-        "formula": "16·P/W (params, grads, AdamW: sharded over all W ranks) + 4·(2·P_root + 3·P_block) (gathered "
-        "by FSDP) + 4·b·t·[L·(6d + 2d_q + 2d_kv + 4f + h) + 2d + head_dim] (activations; L·d + one layer with "
-        "activation checkpointing) "
-        "+ 4·(2·c·V + V·d + 2·b·t·d) (chunked loss, c ≤ 4096 tokens) + 16·b·t·d_kv (ring K/V buffers); fp32, "
-        "b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size)",
+        "formula": "runtime (CPU: interpreter, torch, gloo) + 16·P/W (params, grads, AdamW: sharded over all W "
+        "ranks) + gathered by FSDP (two blocks and the root, their fp32 grads) + activations kept for backward "
+        "(per train.activation_checkpointing / tiled_mlp / offload_activations) + the backward's working set "
+        "(one block recomputed and its gradients; the MLP's part per tile when tiled) + chunked loss + ring "
+        "K/V buffers; b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size); bytes per activation 4 "
+        "on CPU, 2 on CUDA (bf16)",
     }
 
 
@@ -191,7 +259,7 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
         strategy=STRICT_PACK,
         world_size=world,
         bundle=bundle,
-        memory=memory_estimate(spec),
+        memory=memory_estimate(spec, acc),
     )
     total = sum(bundles_per_node(bundle, node_resources(n, free=False)) for n in nodes)
     free = sum(bundles_per_node(bundle, node_resources(n, free=True)) for n in nodes)

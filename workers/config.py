@@ -19,6 +19,7 @@ Layout = Literal["zigzag", "striped", "contiguous"]
 
 MAX_SEQ_LEN = 1 << 24  # 16M tokens: far beyond any ring we can place, still a sane upper bound
 MAX_WORLD = 4096
+MAX_MLP_TILES = 4096  # train.tiled_mlp: a tile count beyond this is a typo
 
 
 class StrictModel(BaseModel):
@@ -171,7 +172,40 @@ class TrainConfig(StrictModel):
     beta2: float = Field(0.95, ge=0, lt=1)
     grad_clip: float = Field(1.0, ge=0, le=1e6, description="0 disables clipping")
     seed: int = Field(0, ge=0, le=2**63 - 1)
-    activation_checkpointing: bool = False
+    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+        "none", description="recompute in backward: none, selective (each MLP), full (each block); true = full"
+    )
+    tiled_mlp: Literal["off", "auto"] | int = Field(
+        "off", description="run each MLP over N sequence tiles (auto: N from the local length); off = 1 tile"
+    )
+    offload_activations: bool = Field(
+        False, description="CUDA: checkpointed block inputs in pinned host memory until backward"
+    )
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_bool(cls, v: Any) -> Any:
+        """Older specs said true/false: they mean full/none."""
+        if isinstance(v, bool):
+            return "full" if v else "none"
+        return v
+
+    @field_validator("tiled_mlp", mode="before")
+    @classmethod
+    def _tiles(cls, v: Any) -> Any:
+        if isinstance(v, bool) or (isinstance(v, int) and not 1 <= v <= MAX_MLP_TILES):
+            raise ValueError(f"tiled_mlp must be off, auto or a tile count in [1, {MAX_MLP_TILES}], got {v!r}")
+        return v
+
+
+def mlp_tiles(tiled_mlp: str | int, local_tokens: int, d_model: int) -> int:
+    """Sequence tiles per MLP call for `train.tiled_mlp` (1: untiled). `auto` keeps each tile at about d_model
+    tokens, so a tile's intermediates (~4·ffn_hidden per token) stay near one layer's d_model² weights (ALST's
+    rule); never more tiles than tokens."""
+    if tiled_mlp == "off":
+        return 1
+    n = math.ceil(local_tokens / max(d_model, 1)) if tiled_mlp == "auto" else int(tiled_mlp)
+    return max(1, min(n, local_tokens))
 
 
 class CheckpointConfig(StrictModel):
@@ -572,6 +606,20 @@ class JobSpec(StrictModel):
             )
         if p.world_size > MAX_WORLD:
             _fail("parallel.ring_size", p.ring_size, f"ring_size × data_parallel × ulysses_size must be ≤ {MAX_WORLD}")
+        if self.train.offload_activations and self.resources.accelerator == "cpu":
+            _fail(
+                "train.offload_activations",
+                True,
+                "train.offload_activations moves activations from GPU to host memory: it needs "
+                "resources.accelerator gpu or auto, not cpu",
+            )
+        if self.train.offload_activations and self.train.activation_checkpointing != "full":
+            _fail(
+                "train.offload_activations",
+                True,
+                "train.offload_activations offloads the inputs that full checkpointing keeps: it needs "
+                "train.activation_checkpointing: full",
+            )
         if self.train.warmup_steps > self.train.steps:
             _fail("train.warmup_steps", self.train.warmup_steps, "train.warmup_steps must be ≤ train.steps")
         for i, length in enumerate(self.eval.context_lengths or []):

@@ -216,7 +216,7 @@ def load_pretrained(
 def build_pretrained(cfg: HFModelConfig, spec: JobSpec) -> PretrainedLM:
     """The spec's pretrained model, unsharded, fp32, with its overrides (checkpointing if asked)."""
     model = load_pretrained(cfg.path, dtype=torch.float32, **cfg.overrides())
-    if spec.train.activation_checkpointing:
+    if spec.train.activation_checkpointing == "full":
         no_reentrant = {"use_reentrant": False}
         model.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=no_reentrant)
     return model

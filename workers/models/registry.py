@@ -102,7 +102,7 @@ def kind_of(model: nn.Module) -> ModelKind[Any, Any]:
 
 
 def _build_native(cfg: ModelConfig, spec: JobSpec) -> Transformer:
-    return build_model(cfg, spec.train.seed, spec.train.activation_checkpointing)
+    return build_model(cfg, spec.train.seed, spec.train.activation_checkpointing == "full")
 
 
 def _byte_tokenizer(cfg: ModelConfig) -> Tokenizer:

@@ -1,30 +1,94 @@
-"""Per-step peak memory of this rank (the `mem_peak_bytes` metric).
+"""Per-step peak memory of this rank (the `mem_peak_bytes` metric), and what a step's memory is made
+of.
 
-On CUDA, `torch.cuda.max_memory_allocated` over the step. On CPU, the process's peak resident set size
-over the step (Linux VmHWM, reset before the step through /proc/self/clear_refs); that includes the
-interpreter and torch libraries (~0.3 GB), so compare differences. Where the reset is impossible it
-is the lifetime peak (getrusage maxrss).
-"""
+What `mem_peak_bytes` measures:
+
+- CUDA: `torch.cuda.max_memory_allocated` over the step (live tensors; the caching allocator's
+  reserve and NCCL's buffers are not in it).
+- CPU: the process's peak resident set size over the step (Linux VmHWM, reset before the step
+  through /proc/self/clear_refs), i.e. everything the process holds: the interpreter and torch
+  libraries (~0.3 GB), the training state, the step's tensors, and whatever the C allocator keeps
+  after tensors are freed. Where the reset is impossible it is the lifetime peak (getrusage maxrss).
+
+The last part made the CPU figure dishonest: glibc serves tensors below its mmap threshold (dynamic,
+up to 32 MiB) from arenas and keeps freed chunks there, so a step's peak RSS also held the garbage
+of earlier steps and of FSDP's transient gathers. `bound_allocator_retention` fixes the threshold at
+1 MiB (every tensor larger than that is its own mapping, returned to the system when freed), and
+`reset` trims what the arenas still hold before the peak is reset, so the peak is the step's own.
+`RINGTRAIN_MALLOC=glibc` keeps glibc's default behaviour (for comparisons).
+
+`LiveTensors` (a dispatch mode) attributes a step's live tensor bytes to what created them;
+`bench/memory.py --breakdown` uses it."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+import os
 import re
 import resource
+import weakref
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def bound_allocator_retention() -> bool:
+    """Large allocations become their own mappings (freed memory goes back at once). False if not glibc."""
+    if os.environ.get("RINGTRAIN_MALLOC", "") == "glibc":
+        return False
+    libc = _libc()
+    if libc is None:
+        return False
+    ok = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+    return bool(ok and libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD_BYTES) == 1)
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and hand the C allocator's free pages back to the system."""
+    gc.collect()
+    if os.environ.get("RINGTRAIN_MALLOC", "") == "glibc":
+        return
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def rss_bytes() -> int:
+    m = re.search(r"VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    return int(m.group(1)) * 1024 if m else 0
 
 
 class PeakMemory:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.resettable = device.type != "cuda" and self._clear_refs()
+        if device.type != "cuda":
+            bound_allocator_retention()
 
     @staticmethod
     def _clear_refs() -> bool:
         try:
             with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets the VmHWM high-water mark (Linux ≥ 4.0)
+                f.write("5")  # resets the VmHWM high-water mark (Linux >= 4.0)
             return True
         except OSError:
             return False
@@ -33,6 +97,7 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self.resettable:
+            release_freed_memory()
             self._clear_refs()
 
     def peak(self) -> int:
@@ -43,3 +108,44 @@ class PeakMemory:
             if m:
                 return int(m.group(1)) * 1024
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class LiveTensors(TorchDispatchMode):
+    """Live bytes of the tensors created while active, by label (`phase` set by the caller, plus the op).
+
+    Each new storage is counted once, from the op that created it until it is freed (a weakref finalizer);
+    `at_peak` is the breakdown when the total was highest. Tensors created before (parameters, optimizer
+    state) are not counted: add them from their own metrics."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "forward"
+        self.live: Counter[str] = Counter()
+        self.total = self.peak = 0
+        self.at_peak: dict[str, int] = {}
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._track(t, f"{self.phase}:{func.overloadpacket.__name__}")
+        return out
+
+    def _track(self, t: torch.Tensor, label: str) -> None:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        nbytes = storage.nbytes()
+        if key == 0 or nbytes == 0 or key in self._seen:
+            return
+        self._seen.add(key)
+        self.live[label] += nbytes
+        self.total += nbytes
+        if self.total > self.peak:
+            self.peak, self.at_peak = self.total, {k: v for k, v in self.live.items() if v}
+        weakref.finalize(storage, self._free, key, label, nbytes)
+
+    def _free(self, key: int, label: str, nbytes: int) -> None:
+        self._seen.discard(key)
+        self.live[label] -= nbytes
+        self.total -= nbytes

@@ -8,6 +8,15 @@ flattened (`Mesh.shard_mesh`), so each rank holds ≈ 1/W of the parameters, gra
 Gradients are *summed* (divide factor 1): every rank backpropagates its sum of weighted token losses, and
 the trainer divides by the global token weight, as single-process training does.
 
+Memory knobs (`train.activation_checkpointing`, `train.tiled_mlp`, `train.offload_activations`) are applied here
+too, before FSDP, the same way for native and pretrained models (both have `model.layers[i].mlp`):
+
+- `full`: each block is recomputed in backward; a rank keeps one input per block (`checkpoint_wrapper`);
+- `selective`: only each block's MLP is recomputed (attention, whose recompute would run the ring again, keeps
+  its saved tensors); with a tiled MLP, the tiles already recompute it and nothing more is wrapped;
+- tiled MLP (`workers.training.tiling`): each MLP runs over sequence tiles, forward and backward;
+- offload (`workers.training.offload`): the kept block inputs go to pinned host memory until backward.
+
 CUDA: bf16 parameters for compute, fp32 reductions; the sharded parameters (the optimizer's master
 weights) stay fp32. Block inputs are not cast (`cast_forward_inputs=False`) so the fp32 RoPE tables reach
 the blocks unrounded; the residual stream is bf16 because the gathered embedding is.
@@ -15,12 +24,18 @@ the blocks unrounded; the residual stream is bf16 because the gathered embedding
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.utils.checkpoint import checkpoint
 
+from workers.config import mlp_tiles
 from workers.training.mesh import Mesh
+from workers.training.offload import BlockInputOffload, offload_block_inputs
+from workers.training.tiling import tile_mlp
 
 
 def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
@@ -34,6 +49,27 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
     layers: nn.ModuleList = model.layers  # type: ignore[assignment]
     for i, block in enumerate(layers):
         layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def apply_mlp_checkpointing(model: nn.Module) -> None:
+    """Selective: recompute each block's MLP in backward (its forward patched, so names stay unchanged)."""
+    for block in model.layers:  # type: ignore[union-attr]
+        mlp: nn.Module = block.mlp
+        inner = mlp.forward
+
+        def forward(x: torch.Tensor, _inner: Callable[..., torch.Tensor] = inner) -> torch.Tensor:
+            if not torch.is_grad_enabled():
+                return _inner(x)
+            out: torch.Tensor = checkpoint(_inner, x, use_reentrant=False)
+            return out
+
+        mlp.forward = forward
+
+
+def apply_tiled_mlp(model: nn.Module, tiled_mlp: str | int, d_model: int) -> None:
+    """Each block's MLP over `mlp_tiles(tiled_mlp, local tokens, d_model)` token tiles."""
+    for block in model.layers:  # type: ignore[union-attr]
+        tile_mlp(block.mlp, lambda tokens: mlp_tiles(tiled_mlp, tokens, d_model))
 
 
 def apply_fsdp(model: nn.Module, mesh: Mesh, device: torch.device) -> None:
@@ -50,9 +86,40 @@ def apply_fsdp(model: nn.Module, mesh: Mesh, device: torch.device) -> None:
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
 
 
-def parallelize(model: nn.Module, mesh: Mesh, device: torch.device, *, activation_checkpointing: bool) -> None:
-    """AC first (inside each FSDP unit, so FSDP's gather/free hooks stay outside the recomputed region)."""
-    if activation_checkpointing:
+def parallelize(
+    model: nn.Module,
+    mesh: Mesh,
+    device: torch.device,
+    *,
+    activation_checkpointing: str | bool,
+    tiled_mlp: str | int = "off",
+    offload_activations: bool = False,
+) -> BlockInputOffload | None:
+    """Memory knobs first (inside each FSDP unit, so FSDP's gather/free hooks stay outside the recomputed
+    region), then FSDP. Returns the offload state when activations are offloaded (for its byte count)."""
+    if isinstance(activation_checkpointing, bool):  # the older boolean form
+        activation_checkpointing = "full" if activation_checkpointing else "none"
+    mode = activation_checkpointing
+    if offload_activations and device.type != "cuda":
+        raise ValueError("train.offload_activations needs CUDA: this rank has no GPU")
+    if offload_activations and mode != "full":
+        raise ValueError("train.offload_activations needs train.activation_checkpointing: full")
+    if tiled_mlp != "off":
+        apply_tiled_mlp(model, tiled_mlp, _hidden_size(model))
+    if mode == "selective" and tiled_mlp == "off":
+        apply_mlp_checkpointing(model)
+    if mode == "full":
         apply_activation_checkpointing(model)
+    offload = offload_block_inputs(model.layers, device) if offload_activations else None  # type: ignore[arg-type]
     if mesh.shard_mesh is not None:
         apply_fsdp(model, mesh, device)
+    return offload
+
+
+def _hidden_size(model: nn.Module) -> int:
+    """d_model of either model kind (native `cfg.d_model`, transformers' `config.hidden_size`)."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None:
+        return int(cfg.d_model)
+    hidden: int = getattr(model, "config").hidden_size  # noqa: B009  (PretrainedLM.config is a property)
+    return int(hidden)

@@ -102,7 +102,14 @@ class Trainer:
         )
         torch.manual_seed(spec.train.seed)
         self.model = skeleton(spec)
-        parallelize(self.model, self.mesh, self.device, activation_checkpointing=spec.train.activation_checkpointing)
+        self.offload = parallelize(
+            self.model,
+            self.mesh,
+            self.device,
+            activation_checkpointing=spec.train.activation_checkpointing,
+            tiled_mlp=spec.train.tiled_mlp,
+            offload_activations=spec.train.offload_activations,
+        )
         materialize(self.model, spec, self.device)
         self.model.set_sequence_parallel(
             SequenceParallel(self.mesh.ring_group, spec.parallel.layout, self._ulysses_group())
