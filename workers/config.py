@@ -7,6 +7,7 @@ the API can answer 422 naming it.
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, TypeAlias, get_args
 
