@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from workers.config import JobSpec
 from workers.data.batch import Batch, from_windows, take_shard
+from workers.data.dataset import DatasetError, PreparedDataset, open_dataset
 from workers.data.pack import PackedTextSource
 from workers.data.passkey import PasskeySample, PasskeySource, make_sample, sample_generator
 from workers.data.text import TextSource, load_corpus
@@ -30,15 +31,18 @@ __all__ = [
     "VOCAB_SIZE",
     "Batch",
     "ByteTokenizer",
+    "DatasetError",
     "DataSource",
     "PackedTextSource",
     "PasskeySample",
     "PasskeySource",
+    "PreparedDataset",
     "TextSource",
     "build_source",
     "from_windows",
     "load_corpus",
     "make_sample",
+    "open_dataset",
     "sample_generator",
     "take_shard",
 ]
