@@ -382,8 +382,11 @@ def prepare(
     num_cpus: int | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     progress: ProgressFn | None = None,
+    inline: bool = False,
 ) -> dict[str, Any]:
-    """Prepare `source` into `out` (see the module docstring); returns the manifest. Idempotent."""
+    """Prepare `source` into `out` (see the module docstring); returns the manifest. Idempotent.
+
+    `inline=True` tokenizes in this process instead of on Ray (tests and tiny corpora: no cluster start)."""
     if fmt not in ("text", "chat"):
         raise PrepareError(f"--format must be 'text' or 'chat', got {fmt!r}")
     out_dir = Path(out).resolve()
@@ -443,7 +446,8 @@ def prepare(
     try:
         errors = []
         if rows:
-            for r in _run_rows(rows, ray_address, num_cpus):
+            done = map(tokenize_chunk, rows) if inline else _run_rows(rows, ray_address, num_cpus)
+            for r in done:
                 if r["error"]:
                     errors.append(r["error"])
                     continue
