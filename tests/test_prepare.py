@@ -238,3 +238,27 @@ def test_an_interrupted_prepare_is_cleaned_up(tmp_path: Path) -> None:
     old.mkdir()  # died after both renames, before deleting the old version
     recover(out)
     assert out.exists() and not old.exists()
+
+
+def test_cli_data_prepare_has_the_modules_arguments(ray_head: RayHead, tmp_path: Path) -> None:
+    import argparse
+
+    from api.cli import parser
+    from workers.data.prepare import add_arguments
+
+    module = argparse.ArgumentParser()
+    add_arguments(module)
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    data = next(a for a in sub.choices["data"]._actions if isinstance(a, argparse._SubParsersAction))
+    cli = data.choices["prepare"]
+    assert {o for a in module._actions for o in a.option_strings} <= {o for a in cli._actions for o in a.option_strings}
+
+    src = write_jsonl(tmp_path / "a.jsonl", [{"body": "hello"}, {"body": "world"}])
+    env = {**os.environ, **ray_head.client_env(), "PYTHONPATH": str(ROOT)}
+    args = [str(src), "--tokenizer", "bytes", "--out", str(tmp_path / "ds"), "--text-field", "body", "--json"]
+    cmd = [sys.executable, "-m", "api.cli", "data", "prepare", *args, "--ray-address", ray_head.gcs_address]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout[done.stdout.index("{") :])
+    assert summary["documents"] == 2 and summary["tokens"] == 12
+    np.testing.assert_array_equal(open_dataset(tmp_path / "ds")[1]["tokens"], [*b"world", 0])
