@@ -17,7 +17,7 @@ from api.audit import AuditMiddleware
 from api.body import YAML_TYPES, BodyLimitMiddleware
 from api.deps import AppContext
 from api.ratelimit import Limit, RateLimiter
-from api.routers import artifacts, audit, cluster, dashboard, events, health, jobs, reports
+from api.routers import artifacts, audit, cluster, dashboard, datasets, events, health, jobs, reports
 from api.security import SecurityHeadersMiddleware
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
@@ -117,6 +117,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
         app.include_router(r)
     app.include_router(audit.router)
     app.include_router(artifacts.router)
+    app.include_router(datasets.router)
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_report_bytes=settings.max_report_bytes

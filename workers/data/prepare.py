@@ -361,12 +361,15 @@ def read_manifest(out: Path) -> dict[str, Any] | None:
 
 
 def _ensure_ray(address: str | None, num_cpus: int | None) -> None:
+    """Join `address`, or the cluster a Ray job runs on (RAY_ADDRESS), or start a local Ray."""
     import ray
 
     if ray.is_initialized():
         return
     if address:
         ray.init(address=address, log_to_driver=False)
+    elif os.environ.get("RAY_ADDRESS"):
+        ray.init(log_to_driver=False)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
