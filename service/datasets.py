@@ -96,28 +96,31 @@ class DatasetService:
     def create(self, owner: str, req: PrepareRequest) -> dict[str, Any]:
         """Store the row and submit its Ray job; a failed submission leaves a FAILED row saying why."""
         now = time.time()
-        row = DatasetRow(
-            id="d" + secrets.token_hex(6),
-            owner=owner,
-            state="QUEUED",
-            request=req.__dict__,
-            created_at=now,
-            updated_at=now,
-        )
-        row.submission_id = f"ringtrain-dataset-{row.id}"
+        dataset_id = "d" + secrets.token_hex(6)
+        submission_id = f"ringtrain-dataset-{dataset_id}"
         with Session(self.engine) as s, s.begin():
-            s.add(row)
+            s.add(
+                DatasetRow(
+                    id=dataset_id,
+                    owner=owner,
+                    state="QUEUED",
+                    request=req.__dict__,
+                    submission_id=submission_id,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
         python = getattr(self.launcher, "python", "python")
         try:
             self._client().submit_job(
                 entrypoint=req.entrypoint(python),
-                submission_id=row.submission_id,
+                submission_id=submission_id,
                 runtime_env={"env_vars": dict(getattr(self.launcher, "extra_env", {}) or {})},
-                metadata={"ringtrain_dataset_id": row.id},
+                metadata={"ringtrain_dataset_id": dataset_id},
             )
         except Exception as e:  # the Jobs API raises RuntimeError, connection errors, ...
-            self._update(row.id, state="FAILED", error=f"could not submit the prepare to Ray: {e}")
-        found = self.get(row.id, owner)
+            self._update(dataset_id, state="FAILED", error=f"could not submit the prepare to Ray: {e}")
+        found = self.get(dataset_id, owner)
         assert found is not None
         return found
 
@@ -163,7 +166,10 @@ class DatasetService:
     def list(self, owner: str, limit: int = 100) -> list[dict[str, Any]]:
         with Session(self.engine) as s:
             ids = s.scalars(
-                select(DatasetRow.id).where(DatasetRow.owner == owner).order_by(DatasetRow.created_at.desc()).limit(limit)
+                select(DatasetRow.id)
+                .where(DatasetRow.owner == owner)
+                .order_by(DatasetRow.created_at.desc())
+                .limit(limit)
             ).all()
         for i in ids:
             self.refresh(i)

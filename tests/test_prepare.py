@@ -151,7 +151,9 @@ def test_hf_text_is_the_tokenizers_own_encoding_and_reprepare_is_a_noop(
     kept = [n for n in after if n in inodes]
     assert kept and all(after[n] == inodes[n] for n in kept)
     assert len(after) == len(inodes) and len(kept) == len(inodes) - 2  # c.txt's tokens + offsets are new
-    np.testing.assert_array_equal(open_dataset(out)[5]["tokens"], tok("a changed text file")["input_ids"] + [tok.eos_token_id])
+    np.testing.assert_array_equal(
+        open_dataset(out)[5]["tokens"], tok("a changed text file")["input_ids"] + [tok.eos_token_id]
+    )
     assert not list(tmp_path.glob(".ds.*"))
 
 

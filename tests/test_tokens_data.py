@@ -6,6 +6,7 @@ starting Ray); `tests/test_prepare.py` runs the Ray pipeline itself.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def test_documents_pack_visits_every_training_piece_once_and_holds_out_every_kth
 
     batch = src.global_batch(0, 3)
     cu = batch.cu_seqlens.tolist()
-    assert cu[0] == 0 and cu[-1] == 3 * SEQ and all(a < b for a, b in zip(cu, cu[1:], strict=False))
+    assert cu[0] == 0 and cu[-1] == 3 * SEQ and all(a < b for a, b in itertools.pairwise(cu))
     first_doc, first_piece = src._advance(src._cursor(0))[0][0]
     expect = ds[first_doc]["tokens"][first_piece * SEQ : (first_piece + 1) * SEQ]
     n = len(expect)
@@ -90,7 +91,9 @@ def test_the_batch_of_a_step_is_the_same_fresh_resumed_or_in_sequence(tmp_path: 
         resumed = TokensSource(path, SEQ, seed=5, pack=pack, validation=0.05)
         resumed.load_state_dict(state)
         b = resumed.global_batch(12, 4)
-        assert torch.equal(b.inputs, run.global_batch(12, 4).inputs) and torch.equal(b.weights, run.global_batch(12, 4).weights)
+        assert torch.equal(b.inputs, run.global_batch(12, 4).inputs) and torch.equal(
+            b.weights, run.global_batch(12, 4).weights
+        )
         other_seed = TokensSource(path, SEQ, seed=6, pack=pack, validation=0.05)
         assert not torch.equal(other_seed.global_batch(0, 4).inputs, batches[0].inputs)
         with pytest.raises(ValueError, match="changed since the checkpoint"):

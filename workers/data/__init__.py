@@ -12,8 +12,8 @@ from workers.data.dataset import DatasetError, PreparedDataset, open_dataset
 from workers.data.pack import PackedTextSource
 from workers.data.passkey import PasskeySample, PasskeySource, make_sample, sample_generator
 from workers.data.text import TextSource, load_corpus
-from workers.data.tokens import TokensSource
 from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer, tokenizer_for
+from workers.data.tokens import TokensSource
 
 DataSource = PasskeySource | TextSource | PackedTextSource | TokensSource
 
@@ -35,8 +35,8 @@ __all__ = [
     "VOCAB_SIZE",
     "Batch",
     "ByteTokenizer",
-    "DatasetError",
     "DataSource",
+    "DatasetError",
     "PackedTextSource",
     "PasskeySample",
     "PasskeySource",

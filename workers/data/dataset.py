@@ -40,7 +40,9 @@ class PreparedDataset:
         try:
             manifest: dict[str, Any] = json.loads((self.path / MANIFEST).read_text())
         except FileNotFoundError as e:
-            raise DatasetError(f"{self.path}: not a prepared dataset (no {MANIFEST}); run `ringtrain data prepare`") from e
+            raise DatasetError(
+                f"{self.path}: not a prepared dataset (no {MANIFEST}); run `ringtrain data prepare`"
+            ) from e
         except (OSError, ValueError) as e:
             raise DatasetError(f"{self.path}/{MANIFEST}: unreadable ({e})") from e
         if manifest.get("format_version") != FORMAT_VERSION:

@@ -157,9 +157,7 @@ def encode_chat(tokenizer: str, messages: list[dict[str, Any]]) -> tuple[list[in
     """
     tok = _hf_tokenizer(tokenizer)
     if GENERATION_TAG.search(str(tok.chat_template)):
-        out = tok.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
+        out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
     text = _render(tok, messages, add_generation_prompt=False)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -509,7 +507,7 @@ def _manifest(
 ) -> dict[str, Any]:
     entries = []
     for f in files:
-        shards = []
+        shards: list[dict[str, Any]] = []
         for name in sorted(n for n in results if n.startswith(f.key + "-")):
             r = results[name]
             shards.append({"name": name, "documents": int(r["documents"]), "tokens": int(r["tokens"])})

@@ -158,8 +158,8 @@ class TokensSource:
 
     def _cursor(self, g: int) -> Cursor:
         """The cursor of sequence g: a scan forward from the nearest known one."""
-        start = self._last if self._last.g <= g else max(
-            (c for c in self._cursors.values() if c.g <= g), key=lambda c: c.g
+        start = (
+            self._last if self._last.g <= g else max((c for c in self._cursors.values() if c.g <= g), key=lambda c: c.g)
         )
         while start.g < g:
             _, start = self._advance(start)
@@ -303,7 +303,9 @@ class TokensSource:
             or state.get("seed") != self.seed
             or state.get("pack") != self.pack
         ):
-            raise ValueError("the dataset, seed or packing changed since the checkpoint; its data position does not apply")
+            raise ValueError(
+                "the dataset, seed or packing changed since the checkpoint; its data position does not apply"
+            )
         self.samples_consumed = int(state["samples_consumed"])
         if "cursor" in state:
             g, epoch, j, piece = (int(x) for x in state["cursor"])

@@ -92,7 +92,9 @@ def linear_cross_entropy_sum(
 
 
 @torch.no_grad()
-def token_losses(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+def token_losses(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = DEFAULT_CHUNK_TOKENS
+) -> torch.Tensor:
     """Per-token cross-entropy [...] (fp32, no gradient), `chunk` tokens of logits at a time: for evals that
     need losses per position (validation by position bucket) without whole-shard logits."""
     flat = hidden.reshape(-1, hidden.shape[-1])

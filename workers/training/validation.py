@@ -10,10 +10,10 @@ bucket are all-reduced over every rank: the global token mean, as in training.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from workers.config import JobSpec
 from workers.data import TokensSource, take_shard
@@ -38,7 +38,7 @@ def _autocast(device: torch.device) -> AbstractContextManager[object]:
 
 @torch.no_grad()
 def validation_loss(
-    model: nn.Module, source: TokensSource, spec: JobSpec, mesh: Mesh, device: torch.device
+    model: Any, source: TokensSource, spec: JobSpec, mesh: Mesh, device: torch.device
 ) -> dict[str, float]:
     """Collective over all ranks; every rank gets the same dict ({} without held-out documents)."""
     batch_size = spec.train.batch_size
