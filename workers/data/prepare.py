@@ -39,6 +39,7 @@ from workers.data.dataset import FORMAT_VERSION, MANIFEST, SHARDS
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 CHUNK_BYTES = 32 << 20  # a jsonl chunk (one Ray Data row, one shard) is about this large
+ENCODE_BATCH = 256  # text documents per call of the tokenizer
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 BYTES = "bytes"
@@ -102,6 +103,8 @@ def tokenizer_hash(tokenizer: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _hf_tokenizer(path: str) -> Any:
+    # one thread per task: Ray runs as many tasks as the cluster has CPUs for, the tokenizer must not add more
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -136,14 +139,23 @@ def tokenizer_info(tokenizer: str, fmt: str) -> dict[str, Any]:
 
 def encode_text(tokenizer: str, text: str) -> list[int]:
     """A text document: the tokenizer's own encoding (with whatever special tokens it adds), then eos once."""
+    return encode_texts(tokenizer, [text])[0]
+
+
+def encode_texts(tokenizer: str, texts: list[str]) -> list[Any]:
+    """`encode_text` of each text, in one batch call of the tokenizer (arrays for bytes, lists otherwise)."""
     if tokenizer == BYTES:
-        return [*text.encode("utf-8"), 0]
+        return [np.frombuffer(t.encode("utf-8") + b"\0", dtype=np.uint8) for t in texts]
+    if not texts:
+        return []
     tok = _hf_tokenizer(tokenizer)
-    ids = list(tok(text, add_special_tokens=True)["input_ids"])
     eos = tok.eos_token_id
-    if eos is not None and (not ids or ids[-1] != eos):
-        ids.append(eos)
-    return ids
+    out = []
+    for ids in tok(texts, add_special_tokens=True)["input_ids"]:
+        if eos is not None and (not ids or ids[-1] != eos):
+            ids = [*ids, eos]
+        out.append(ids)
+    return out
 
 
 def encode_chat(tokenizer: str, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
@@ -300,34 +312,48 @@ def _check_messages(where: str, messages: Any) -> list[dict[str, Any]]:
 
 
 def tokenize_chunk(row: dict[str, Any]) -> dict[str, Any]:
-    """Tokenize one chunk into its shard files under row["out_dir"]; the counts, or the error to report."""
+    """Tokenize one chunk into its shard files under row["out_dir"]; the counts, or the error to report.
+
+    Each document becomes a numpy array at once (a chunk's ids never sit in one Python list: 28 bytes an
+    int), text documents are encoded in batches (the tokenizer's fast batch path)."""
     chunk = Chunk(**row["chunk"])
     fmt, tokenizer, dtype = row["format"], row["tokenizer"], np.dtype(row["dtype"])
-    ids: list[int] = []
-    mask: list[bool] = []
-    offsets = [0]
+    parts: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    lengths: list[int] = []
+    pending: list[str] = []
+
+    def flush() -> None:
+        for doc_ids in encode_texts(tokenizer, pending):
+            parts.append(np.asarray(doc_ids, dtype=dtype))
+            lengths.append(len(doc_ids))
+        pending.clear()
+
     try:
         for line, doc in _documents(chunk, fmt, row["text_field"]):
             where = f"{chunk.path}:{line}" if line else chunk.path
             if fmt == "chat":
                 doc_ids, doc_mask = encode_chat(tokenizer, _check_messages(where, doc))
-                mask.extend(doc_mask)
-            else:
-                if not isinstance(doc, str):
-                    raise PrepareError(f"{where}: the text field must be a string, got {type(doc).__name__}")
-                doc_ids = encode_text(tokenizer, doc)
-            ids.extend(doc_ids)
-            offsets.append(len(ids))
+                parts.append(np.asarray(doc_ids, dtype=dtype))
+                masks.append(np.asarray(doc_mask, dtype=bool))
+                lengths.append(len(doc_ids))
+                continue
+            if not isinstance(doc, str):
+                raise PrepareError(f"{where}: the text field must be a string, got {type(doc).__name__}")
+            pending.append(doc)
+            if len(pending) >= ENCODE_BATCH:
+                flush()
+        flush()
         base = Path(row["out_dir"]) / row["shard"]
-        np.save(f"{base}.tokens.npy", np.asarray(ids, dtype=dtype))
-        np.save(f"{base}.offsets.npy", np.asarray(offsets, dtype=np.int64))
+        np.save(f"{base}.tokens.npy", np.concatenate(parts) if parts else np.zeros(0, dtype=dtype))
+        np.save(f"{base}.offsets.npy", np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64))
         if fmt == "chat":
-            np.save(f"{base}.mask.npy", np.asarray(mask, dtype=bool))
+            np.save(f"{base}.mask.npy", np.concatenate(masks) if masks else np.zeros(0, dtype=bool))
     except PrepareError as e:
         return {"shard": row["shard"], "error": str(e), "documents": 0, "tokens": 0, "size": chunk.size}
     except (OSError, UnicodeDecodeError) as e:
         return {"shard": row["shard"], "error": f"{chunk.path}: {e}", "documents": 0, "tokens": 0, "size": chunk.size}
-    return {"shard": row["shard"], "error": "", "documents": len(offsets) - 1, "tokens": len(ids), "size": chunk.size}
+    return {"shard": row["shard"], "error": "", "documents": len(lengths), "tokens": sum(lengths), "size": chunk.size}
 
 
 # -- the whole prepare -----------------------------------------------------------------------------------------
