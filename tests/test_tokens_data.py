@@ -171,3 +171,24 @@ def test_masked_loss_and_val_loss_on_a_ring_equal_one_process(tmp_path: Path) ->
         torch.testing.assert_close(
             torch.tensor(series(ring["points"], name)), torch.tensor(series(single["points"], name)), rtol=1e-5, atol=0
         )
+
+
+def test_tokens_spec_fields_and_a_dataset_of_another_vocabulary(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from workers.data import build_source
+
+    spec = tiny_spec(data={"kind": "tokens", "path": "/data/ds", "seq_len": 128})
+    assert spec.data.kind == "tokens" and spec.data.pack == "documents" and spec.data.validation == 0.0
+    for bad, field in (
+        ({"validation": 0.9}, "validation"),
+        ({"pack": "rows"}, "pack"),
+        ({"text_field": "x"}, "text_field"),
+    ):
+        with pytest.raises(ValidationError) as e:
+            tiny_spec(data={"kind": "tokens", "path": "/data/ds", "seq_len": 128, **bad})
+        assert e.value.errors()[0]["loc"][-1] == field
+    path = chat_dataset(tmp_path, n=4)  # a BPE of 320 ids
+    small = tiny_spec(data={"kind": "tokens", "path": str(path), "seq_len": 128})  # native vocabulary 256
+    with pytest.raises(ValueError, match="more than the model's vocabulary"):
+        build_source(small)
