@@ -264,3 +264,23 @@ def test_cli_data_prepare_has_the_modules_arguments(ray_head: RayHead, tmp_path:
     summary = json.loads(done.stdout[done.stdout.index("{") :])
     assert summary["documents"] == 2 and summary["tokens"] == 12
     np.testing.assert_array_equal(open_dataset(tmp_path / "ds")[1]["tokens"], [*b"world", 0])
+
+
+def test_identical_files_share_shards_and_count_twice(tmp_path: Path) -> None:
+    """In-process (the code each Ray task runs): two files with the same bytes are tokenized once, read twice."""
+    from workers.data.prepare import prepare
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = [{"text": "same"}, {"text": "bytes"}]
+    write_jsonl(src / "a.jsonl", rows)
+    write_jsonl(src / "b.jsonl", rows)
+    write_jsonl(src / "c.jsonl", [{"text": "other"}])
+    manifest = prepare(src, tmp_path / "ds", tokenizer="bytes", inline=True)
+    ds = open_dataset(tmp_path / "ds")
+    assert len(ds) == manifest["documents"] == 5 and ds.num_tokens == manifest["tokens"] == 2 * 11 + 6
+    assert [bytes(ds[i]["tokens"][:-1].astype(np.uint8)) for i in range(5)] == [b"same", b"bytes"] * 2 + [b"other"]
+    assert manifest["files"][0]["shards"] == manifest["files"][1]["shards"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PrepareError, match="is not a prepared dataset"):
+        prepare(src, tmp_path / "file", tokenizer="bytes", inline=True)

@@ -434,7 +434,7 @@ def prepare(
 
     recover(out_dir)
     old = read_manifest(out_dir)
-    if out_dir.exists() and old is None and any(out_dir.iterdir()):
+    if out_dir.exists() and old is None and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise PrepareError(f"--out {out_dir}: exists and is not a prepared dataset; refusing to replace it")
     if old is not None and old.get("id") == dataset_id:
         report(Progress(total, total, old["documents"], old["tokens"], "unchanged"))
@@ -447,7 +447,12 @@ def prepare(
     results: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     done_bytes = 0
+    scheduled: set[str] = set()  # files with identical content share one set of shards
     for f in files:
+        if f.key in scheduled:
+            done_bytes += f.size
+            continue
+        scheduled.add(f.key)
         kept = reusable.get(f.key)
         if kept is not None and _link_shards(out_dir / SHARDS, staging / SHARDS, kept["shards"]):
             for s in kept["shards"]:
@@ -512,6 +517,8 @@ def _link_shards(old_dir: Path, new_dir: Path, shards: list[dict[str, Any]]) -> 
     try:
         for s in shards:
             for p in old_dir.glob(f"{s['name']}.*.npy"):
+                if (new_dir / p.name).exists():
+                    continue
                 try:
                     os.link(p, new_dir / p.name)
                 except OSError:
