@@ -109,7 +109,7 @@ def prepare_in_subprocess(src: Path, out: Path, tokenizer: str, cpus: int) -> fl
         f"prepare({str(src)!r}, {str(out)!r}, tokenizer={tokenizer!r}, chunk_bytes=4 << 20)\n"
         "print(json.dumps({'seconds': time.perf_counter() - t}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=ROOT)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
 
