@@ -163,6 +163,7 @@ def main() -> None:
     ap.add_argument("--throughput-mb", type=float, default=30.0)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--skip-text", action="store_true", help="do not run the kind: text reference")
+    ap.add_argument("--throughput-only", action="store_true", help="only the prepare throughput table")
     ap.add_argument("--work", default="/tmp/ringtrain-bench-data")
     args = ap.parse_args()
     work = Path(args.work)
@@ -183,6 +184,8 @@ def main() -> None:
     for cpus, rate in rates.items():
         print(f"| {cpus} | {rate:.2f} | {rate / rates[1]:.2f}x |")
 
+    if args.throughput_only:
+        return
     print(f"\n## corpus size: one step of a native model (seq {args.seq_len}, bytes), {args.small_mb:g} MB vs "
           f"{args.large_mb:g} MB\n")  # fmt: skip
     rows = []
