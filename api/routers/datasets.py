@@ -15,11 +15,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.body import check_path_in_roots
 from api.deps import Ctx, Owner
-from api.errors import ApiError
+from api.errors import ApiError, from_pydantic
+from api.routers.jobs import ERRORS
+from api.schemas import ErrorResponse
 from service.datasets import TERMINAL, DatasetService, PrepareRequest
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
@@ -76,9 +78,30 @@ def _not_found(dataset_id: str) -> ApiError:
     return ApiError(404, f"no dataset {dataset_id}", code="not_found", field="id")
 
 
-@router.post("", status_code=201, response_model=DatasetOut)
-async def create_dataset(body: DatasetCreate, request: Request, ctx: Ctx, owner: Owner) -> dict[str, Any]:
-    """Prepare `source` into `out` on the cluster; follow it with GET /v1/datasets/{id}/events."""
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    responses={**ERRORS, 400: {"model": ErrorResponse}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": DatasetCreate.model_json_schema()}},
+        }
+    },
+)
+async def create_dataset(request: Request, ctx: Ctx, owner: Owner) -> dict[str, Any]:
+    """Prepare `source` into `out` on the cluster; follow it with GET /v1/datasets/{id}/events.
+
+    The body is read here, after authentication, so a caller without a token learns nothing from its body."""
+    try:
+        data = json.loads(await request.body())
+    except (ValueError, RecursionError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}", code="malformed_json") from e
+    try:
+        body = DatasetCreate.model_validate(data)
+    except ValidationError as e:
+        raise from_pydantic(e, "dataset request") from e
     roots = ctx.settings.resolved_data_roots()
     source = check_path_in_roots(body.source, roots, "source")
     out = check_path_in_roots(body.out, roots, "out")
@@ -89,13 +112,13 @@ async def create_dataset(body: DatasetCreate, request: Request, ctx: Ctx, owner:
     return await asyncio.to_thread(_service(request, ctx).create, owner, req)
 
 
-@router.get("", response_model=list[DatasetOut])
+@router.get("", response_model=list[DatasetOut], responses=ERRORS)
 async def list_datasets(request: Request, ctx: Ctx, owner: Owner) -> list[dict[str, Any]]:
     """Your datasets, newest first, with their document and token counts."""
     return await asyncio.to_thread(_service(request, ctx).list, owner)
 
 
-@router.get("/{dataset_id}", response_model=DatasetOut)
+@router.get("/{dataset_id}", response_model=DatasetOut, responses=ERRORS)
 async def get_dataset(dataset_id: DatasetId, request: Request, ctx: Ctx, owner: Owner) -> dict[str, Any]:
     found = await asyncio.to_thread(_service(request, ctx).get, dataset_id, owner)
     if found is None:
@@ -103,7 +126,10 @@ async def get_dataset(dataset_id: DatasetId, request: Request, ctx: Ctx, owner: 
     return found
 
 
-@router.get("/{dataset_id}/events")
+@router.get(
+    "/{dataset_id}/events",
+    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "an SSE stream of the dataset"}},
+)
 async def dataset_events(dataset_id: DatasetId, request: Request, ctx: Ctx, owner: Owner) -> StreamingResponse:
     """Server-Sent Events: `progress` with the dataset each time it changes, then `done` when it ends."""
     svc = _service(request, ctx)
