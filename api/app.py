@@ -21,7 +21,7 @@ from api.audit import AuditMiddleware
 from api.body import YAML_TYPES, BodyLimitMiddleware
 from api.deps import AppContext
 from api.ratelimit import Limit, RateLimiter
-from api.routers import artifacts, audit, cluster, dashboard, events, health, jobs, metrics, reports
+from api.routers import artifacts, audit, cluster, dashboard, datasets, events, health, jobs, metrics, reports
 from api.security import SecurityHeadersMiddleware
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
@@ -131,6 +131,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     app.include_router(audit.router)
     app.include_router(artifacts.router)
     app.include_router(metrics.router)
+    app.include_router(datasets.router)
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_report_bytes=settings.max_report_bytes

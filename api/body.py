@@ -119,21 +119,26 @@ def parse_spec(body: bytes, content_type: str | None) -> JobSpec:
 
 def check_data_path(spec: JobSpec, roots: list[Path]) -> None:
     """`data.path` must resolve (symlinks included) inside one of the allowed data roots."""
-    if spec.data.kind != "text":
-        return
+    if spec.data.kind in ("text", "tokens"):
+        check_path_in_roots(spec.data.path, roots, "data.path")
+
+
+def check_path_in_roots(path: str, roots: list[Path], field: str) -> Path:
+    """`path` resolved (symlinks included), refused unless inside one of the allowed data roots."""
     # expanduser raises RuntimeError for an unknown ~user; resolve raises ValueError for a NUL byte and
     # OSError/RuntimeError for a symlink loop: all are the caller's bad path, not a server error
     try:
-        resolved = Path(spec.data.path).expanduser().resolve()
+        resolved = Path(path).expanduser().resolve()
     except (OSError, RuntimeError, ValueError) as e:
-        raise ApiError(422, f"data.path cannot be resolved: {e}", field="data.path") from e
+        raise ApiError(422, f"{field} cannot be resolved: {e}", field=field) from e
     if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
         allowed = ", ".join(str(r) for r in roots)
         raise ApiError(
             422,
-            f"data.path {resolved} is outside the allowed data roots ({allowed}); set RINGTRAIN_DATA_ROOTS to allow it",
-            field="data.path",
+            f"{field} {resolved} is outside the allowed data roots ({allowed}); set RINGTRAIN_DATA_ROOTS to allow it",
+            field=field,
         )
+    return resolved
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,5 +1,5 @@
 """The `ringtrain` command line: serve, demo, db upgrade, submit, list, status, cancel, logs, plan,
-pull.
+pull, data prepare.
 
 Human output by default, `--json` for scripts. The server is `--url` / `RINGTRAIN_URL`
 (default http://127.0.0.1:8000); the token is `--token` / `RINGTRAIN_TOKEN` / `~/.ringtrain/token`.
@@ -554,6 +554,69 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- data prepare ---------------------------------------------------------------------------------
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    """Tokenize a corpus once into a prepared dataset (`workers.data.prepare`), here, with a progress bar.
+
+    Runs on the Ray cluster named by --ray-address (a local Ray otherwise), like
+    `python -m workers.data.prepare`; no ringtrain server is needed.
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from workers.data import prepare as data_prepare
+
+    con = _console()
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(*columns, TextColumn("{task.fields[counts]}"), console=con, disable=args.json) as bar:
+        task = bar.add_task("hashing", total=None, counts="")
+
+        def show(p: data_prepare.Progress) -> None:
+            counts = f"{p.documents:,} documents, {p.tokens:,} tokens"
+            bar.update(task, description=p.stage, total=p.total_bytes, completed=p.done_bytes, counts=counts)
+
+        try:
+            manifest = data_prepare.prepare(
+                args.source,
+                args.out,
+                tokenizer=args.tokenizer,
+                fmt=args.format,
+                text_field=args.text_field,
+                ray_address=args.ray_address,
+                progress=show,
+            )
+        except data_prepare.PrepareError as e:
+            con.print(f"[red]error:[/red] {e}", markup=True)
+            return 1
+    summary = {k: manifest[k] for k in ("id", "format", "documents", "tokens", "bytes")}
+    summary["path"] = str(Path(args.out).resolve())
+    _out(
+        args,
+        summary,
+        lambda: con.print(
+            f"[green]dataset {summary['id']}: {summary['documents']:,} documents, {summary['tokens']:,} tokens "
+            f"in {summary['path']}[/green]\n"
+            f"data: {{kind: tokens, path: {summary['path']}, seq_len: 4096, pack: documents}}"
+        ),
+    )
+    return 0
+
+
+def _add_data_commands(sub: Any) -> None:
+    """`ringtrain data prepare SOURCE --tokenizer ... --out DIR`: the arguments of `python -m workers.data.prepare`
+    (repeated here, not imported: importing workers.data loads torch, which every other command would pay for;
+    tests/test_prepare.py checks the two agree)."""
+    data = sub.add_parser("data", help="prepared datasets").add_subparsers(dest="data_cmd", required=True)
+    s = data.add_parser("prepare", help="tokenize a corpus once into memory-mapped shards (on Ray)")
+    s.add_argument("source", help="a .txt/.jsonl/.parquet file, or a directory of them")
+    s.add_argument("--tokenizer", required=True, help="a model directory, or 'bytes' (native models)")
+    s.add_argument("--out", required=True, help="the dataset directory to write")
+    s.add_argument("--format", choices=("text", "chat"), default="text")
+    s.add_argument("--text-field", default="text", help="the field read from .jsonl/.parquet (text format)")
+    s.add_argument("--ray-address", default=None, help="a Ray cluster (default: a local Ray)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(fn=cmd_data_prepare)
+
+
 # ---- entry point ----------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -604,6 +667,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("plan", parents=[common], help="dry-run a spec: validity, placement, memory")
     s.add_argument("spec")
     s.set_defaults(fn=cmd_plan)
+    _add_data_commands(sub)
     return p
 
 

@@ -90,6 +90,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 k: alice.post("/v1/jobs", json={**TINY_SPEC, "name": k}).json()["id"]
                 for k in ("main", "other", "cancel")
             }
+            dataset = alice.post("/v1/datasets", json=dataset_body(tmp, "main")).json()["id"]
         drivers = {k: Driver(srv, j) for k, j in jobs.items()}
         drivers["main"].state("RUNNING", reason="placed")
         drivers["main"].metrics(range(3))
@@ -100,13 +101,26 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "other-ingest": drivers["other"].token,
             "cancel-ingest": drivers["cancel"].token,
         }
-        yield {"srv": srv, "jobs": jobs, "drivers": drivers, "tokens": tokens, "capture": cap}
+        yield {
+            "srv": srv,
+            "jobs": jobs,
+            "dataset": dataset,
+            "tmp": tmp,
+            "drivers": drivers,
+            "tokens": tokens,
+            "capture": cap,
+        }
     finally:
         srv.stop()
         for n in LOGGERS:
             logger = logging.getLogger(n)
             logger.removeHandler(cap)
             logger.setLevel(saved[n][0])
+
+
+def dataset_body(tmp: Path, name: str) -> dict[str, str]:
+    """A prepare request inside the data roots (the recording launcher has no cluster: it ends FAILED)."""
+    return {"source": str(tmp / "corpus.jsonl"), "out": str(tmp / f"ds-{name}")}
 
 
 def header(cred: str, tokens: dict[str, str], op: tuple[str, str]) -> dict[str, str]:
@@ -135,8 +149,8 @@ def expected(op: tuple[str, str], cred: str) -> int:
         return 200 if cred == "ingest" else 401
     if cred == "owner":
         return 404 if "/artifacts" in op[1] else 200  # the owner is let in; a running job has no model yet
-    if cred == "other-owner":
-        return 404 if "{job_id}" in op[1] else 200  # another owner's job does not exist for them
+    if cred == "other-owner":  # another owner's job or dataset does not exist for them
+        return 404 if "{job_id}" in op[1] or "{dataset_id}" in op[1] else 200
     return 401
 
 
@@ -144,10 +158,12 @@ def call(srv: Server, env: dict[str, Any], op: tuple[str, str], cred: str) -> tu
     """(status, body text, headers). The job is `cancel` for the cancel route so the others keep running."""
     method, path = op
     job = env["jobs"]["cancel" if path.endswith("/cancel") else "main"]
-    url = path.replace("{job_id}", job)
+    url = path.replace("{job_id}", job).replace("{dataset_id}", env["dataset"])
     kw: dict[str, Any] = {}
     if op == REPORT:
         kw["json"] = {"items": []}
+    elif op == ("POST", "/v1/datasets"):
+        kw["json"] = dataset_body(env["tmp"], cred)
     elif method == "POST" and "{job_id}" not in path:
         kw["json"] = {**TINY_SPEC, "name": f"auth-{cred}"}
     with (

@@ -143,7 +143,30 @@ class TextData(StrictModel):
         return v
 
 
-DataConfig = Annotated[PasskeyData | TextData, Field(discriminator="kind")]
+class TokensData(StrictModel):
+    """A prepared dataset directory (`ringtrain data prepare`): token shards read through memory maps."""
+
+    kind: Literal["tokens"] = "tokens"
+    seq_len: int = Field(4096, ge=16, le=MAX_SEQ_LEN)
+    path: str = Field(..., min_length=1, max_length=4096, description="the directory `data prepare --out` wrote")
+    pack: Literal["documents", "windows"] = Field(
+        "documents",
+        description="documents: whole documents packed into each sequence, positions restarting per document, no "
+        "attention across documents; windows: the documents as one stream cut into seq_len windows",
+    )
+    validation: float = Field(
+        0.0, ge=0.0, le=0.5, description="share of documents held out for val_loss at every eval (0: none)"
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError("must not contain control or other non-printable characters")
+        return v
+
+
+DataConfig = Annotated[PasskeyData | TextData | TokensData, Field(discriminator="kind")]
 
 
 class ParallelConfig(StrictModel):
@@ -726,6 +749,7 @@ __all__ = [
     "ResourcesConfig",
     "RopeScaling",
     "TextData",
+    "TokensData",
     "TrainConfig",
     "VerifyConfig",
     "load_spec",

@@ -1,4 +1,4 @@
-"""Training data: byte tokenizer, passkey synthetic task, local text corpora.
+"""Training data: byte tokenizer, passkey synthetic task, local text corpora, prepared datasets.
 
 `build_source(spec)` returns an object with `global_batch(step, batch_size) -> Batch` whose result
 depends only on the data spec, the seed and the step — never on how ranks are laid out.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from workers.config import JobSpec
 from workers.data.batch import Batch, from_windows, take_shard
+from workers.data.dataset import DatasetError, PreparedDataset, open_dataset
 from workers.data.pack import PackedTextSource
 from workers.data.passkey import PasskeySample, PasskeySource, make_sample, sample_generator
 from workers.data.text import TextSource, load_corpus
 from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer, tokenizer_for
+from workers.data.tokens import TokensSource
 
-DataSource = PasskeySource | TextSource | PackedTextSource
+DataSource = PasskeySource | TextSource | PackedTextSource | TokensSource
 
 
 def build_source(spec: JobSpec) -> DataSource:
@@ -21,6 +23,9 @@ def build_source(spec: JobSpec) -> DataSource:
     if d.kind == "passkey":
         stages = [(s.steps, s.seq_len) for s in d.curriculum]
         return PasskeySource(d.seq_len, d.key_digits, d.depth, d.answer_weight, seed, tokenizer_for(spec), stages)
+    if d.kind == "tokens":
+        vocab = spec.model.vocab_size if spec.model.kind == "native" else None
+        return TokensSource(d.path, d.seq_len, seed, d.pack, d.validation, vocab_size=vocab)
     if d.pack == "documents":
         return PackedTextSource(d.path, d.seq_len, seed, d.text_field, tokenizer_for(spec))
     return TextSource(d.path, d.seq_len, seed, d.text_field, tokenizer_for(spec))
@@ -31,14 +36,18 @@ __all__ = [
     "Batch",
     "ByteTokenizer",
     "DataSource",
+    "DatasetError",
     "PackedTextSource",
     "PasskeySample",
     "PasskeySource",
+    "PreparedDataset",
     "TextSource",
+    "TokensSource",
     "build_source",
     "from_windows",
     "load_corpus",
     "make_sample",
+    "open_dataset",
     "sample_generator",
     "take_shard",
 ]

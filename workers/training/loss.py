@@ -89,3 +89,21 @@ def linear_cross_entropy_sum(
         return _LinearCrossEntropySum.apply(
             hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), token_weights.reshape(-1), chunk
         )
+
+
+@torch.no_grad()
+def token_losses(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = DEFAULT_CHUNK_TOKENS
+) -> torch.Tensor:
+    """Per-token cross-entropy [...] (fp32, no gradient), `chunk` tokens of logits at a time: for evals that
+    need losses per position (validation by position bucket) without whole-shard logits."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    y = labels.reshape(-1)
+    out = torch.empty(y.shape, dtype=torch.float32, device=hidden.device)
+    w = weight.to(hidden.dtype)
+    with torch.autocast(hidden.device.type, enabled=False):
+        for start in range(0, flat.shape[0], chunk):
+            logits = (flat[start : start + chunk] @ w.t()).float()
+            target = logits.gather(1, y[start : start + chunk, None]).squeeze(1)
+            out[start : start + chunk] = torch.logsumexp(logits, dim=-1) - target
+    return out.reshape(labels.shape)

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from workers import metrics
 from workers.config import JobSpec
-from workers.data import Batch, build_source, take_shard
+from workers.data import Batch, TokensSource, build_source, take_shard
 from workers.models import SequenceParallel, attention_backend, save_pretrained
 from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
@@ -42,6 +42,7 @@ from workers.training.memory import PeakMemory
 from workers.training.mesh import build_mesh
 from workers.training.optim import build_optimizer, build_scheduler, clip_grad_norm, state_bytes
 from workers.training.parallelize import parallelize
+from workers.training.validation import validation_loss
 from workers.training.verify import VerificationFailed, verify
 
 Emit = Callable[[MetricPoint], None]
@@ -193,7 +194,11 @@ class Trainer:
     def evaluate(self) -> None:
         if not self.spec.eval.enabled:
             return
-        for name, value in passkey_accuracy(self.model, self.spec, self.mesh, self.device).items():
+        results = {}
+        if isinstance(self.data, TokensSource):  # held-out documents of a prepared dataset
+            results.update(validation_loss(self.model, self.data, self.spec, self.mesh, self.device))
+        results.update(passkey_accuracy(self.model, self.spec, self.mesh, self.device))
+        for name, value in results.items():
             if self.mesh.rank == 0:
                 self.point(name, value)
 
