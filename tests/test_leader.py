@@ -140,7 +140,7 @@ def test_a_leader_that_cannot_renew_stops_before_another_takes_over(postgres_ser
     for e in engines:
         e.dispose()
     stopped = dict(la.events)["deposed"]
-    started = [t for what, t in lb.events if what == "elected"][0]
+    started = next(t for what, t in lb.events if what == "elected")
     print(f"\n[leader] a stopped acting {started - stopped:.2f}s before b took over (lease 1.5 s)")
     assert [w for w, _ in la.events] == ["elected", "deposed"]
     assert stopped < started  # the old leader stopped acting before the new one started
@@ -158,9 +158,7 @@ def test_second_replica_on_sqlite_is_refused_while_the_first_lives(tmp_path: Pat
         store.leases.acquire("other-replica", 60, host=host, pid=other.pid)
         with pytest.raises(ReplicaRefused, match="PostgreSQL"):
             refuse_second_sqlite_replica(store, host, os.getpid())
-        settings = Settings(
-            database_url=url, api_tokens=TOKENS, token_file=tmp_path / "t", log_level="WARNING"
-        )
+        settings = Settings(database_url=url, api_tokens=TOKENS, token_file=tmp_path / "t", log_level="WARNING")
         with pytest.raises(ReplicaRefused, match=r"SQLite holds one replica only"):
             create_app(settings)
     finally:
