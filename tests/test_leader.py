@@ -88,7 +88,8 @@ def test_fenced_write_of_an_old_epoch_is_refused_and_leaves_nothing(store: Store
     got = store.jobs.get(job.id)
     assert got.state == "PLACING" and got.ingest_token_hash != "0" * 64 and got.error is None
     with store.db.read() as s:
-        moves = [t.to_state for t in s.scalars(select(Transition).where(Transition.job_id == job.id))]
+        rows = s.scalars(select(Transition).where(Transition.job_id == job.id))
+        moves = [t.to_state for t in rows]
     assert moves == ["QUEUED", "PLACING"]
 
 
@@ -116,8 +117,9 @@ def test_a_leader_that_cannot_renew_stops_before_another_takes_over(postgres_ser
 
     async def scenario() -> tuple[Loops, Loops, Leadership]:
         la, lb = Loops(), Loops()
-        a = Leadership(store_a, lease_s=1.5, on_elected=la.elected, on_deposed=la.deposed, replica="a")
-        b = Leadership(store_b, lease_s=1.5, on_elected=lb.elected, on_deposed=lb.deposed, replica="b")
+        a = Leadership(store_a, lease_s=1.5, on_elected=la.elected, on_deposed=la.deposed)
+        b = Leadership(store_b, lease_s=1.5, on_elected=lb.elected, on_deposed=lb.deposed)
+        a.replica, b.replica = "a", "b"
         await a.start()
         assert await a.wait_elected(5)
         await b.start()
@@ -158,7 +160,8 @@ def test_second_replica_on_sqlite_is_refused_while_the_first_lives(tmp_path: Pat
         store.leases.acquire("other-replica", 60, host=host, pid=other.pid)
         with pytest.raises(ReplicaRefused, match="PostgreSQL"):
             refuse_second_sqlite_replica(store, host, os.getpid())
-        settings = Settings(database_url=url, api_tokens=TOKENS, token_file=tmp_path / "t", log_level="WARNING")
+        kw = {"api_tokens": TOKENS, "token_file": tmp_path / "t", "log_level": "WARNING"}
+        settings = Settings(database_url=url, **kw)
         with pytest.raises(ReplicaRefused, match=r"SQLite holds one replica only"):
             create_app(settings)
     finally:

@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -111,7 +110,8 @@ class SseLog:
     def _run(self, url: str, token: str, job_id: str) -> None:
         headers = {"Authorization": f"Bearer {token}"}
         try:
-            with httpx.stream("GET", f"{url}/v1/jobs/{job_id}/events", headers=headers, timeout=None) as r:
+            where = f"{url}/v1/jobs/{job_id}/events"
+            with httpx.stream("GET", where, headers=headers, timeout=None) as r:
                 event, ident, data = "message", None, ""
                 for line in r.iter_lines():
                     if line.startswith("event:"):
@@ -221,8 +221,9 @@ def test_leader_killed_mid_run_follower_takes_over_nothing_lost_or_doubled(
         job2 = finished(c, jid2)
         assert job2["state"] == "SUCCEEDED", job2["error"]
 
-    launcher = RayJobLauncher(ray_head.jobs_url, auth_token=ray_head.auth_token, python=sys.executable)
-    ray_jobs = [j for j in launcher._client.list_jobs() if (j.metadata or {}).get("ringtrain_job_id") == jid]
+    launcher = RayJobLauncher(ray_head.jobs_url, auth_token=ray_head.auth_token)
+    listed = launcher._client.list_jobs()
+    ray_jobs = [j for j in listed if (j.metadata or {}).get("ringtrain_job_id") == jid]
     assert [j.submission_id for j in ray_jobs] == [sid]  # one driver, one submission
 
     assert on_b.ended.wait(30), "the survivor's SSE stream did not end"
