@@ -177,3 +177,38 @@ def test_second_replica_on_sqlite_is_refused_while_the_first_lives(tmp_path: Pat
     )
     assert view.holder == "me" and view.epoch == 2
     engine.dispose()
+
+
+def test_a_new_leader_adopts_a_driver_its_predecessor_submitted_but_did_not_record(
+    tmp_path: Path,
+) -> None:
+    """The old leader minted the token and submitted, then died before storing the submission: the
+    new leader finds that attempt's driver on the cluster and records it, keeping the token the
+    driver holds (a new token would make every report of that driver a 401), submitting nothing."""
+    from service.controller import Controller
+    from service.store import hash_token
+    from tests.api_harness import RecordingLauncher, make_settings
+
+    class Submitted(RecordingLauncher):
+        def find(self, job_id: str, attempt: int) -> str | None:
+            return f"ringtrain-{job_id}-{attempt}"  # the cluster already runs it
+
+    settings = make_settings(tmp_path)
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    store = Store(engine)
+    job = store.jobs.create("alice", SPEC, "tok")
+    store.tokens.replace(job.id, hash_token("the-token-the-driver-holds"))
+    launcher = Submitted()
+
+    async def scenario() -> None:
+        controller = Controller(settings, store, launcher)
+        await controller.schedule_once()
+        await asyncio.gather(*controller._submitting.values())
+
+    asyncio.run(scenario())
+    got = store.jobs.get(job.id)
+    assert got.submission_id == f"ringtrain-{job.id}-0" and got.state == "PLACING"
+    assert got.ingest_token_hash == hash_token("the-token-the-driver-holds")
+    assert launcher.submits == []
+    engine.dispose()
