@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,8 +28,9 @@ from api.security import SecurityHeadersMiddleware
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
 from service.db import make_engine, require_current
-from service.hub import Hub
+from service.hub import Hub, Relay
 from service.launcher import ClusterInfo, DriverInfo, Launcher, LaunchRequest
+from service.leader import Leadership, new_replica_id, refuse_second_sqlite_replica
 from service.settings import Settings, ensure_tokens
 from service.store import EventBus, Store
 from service.tracking import exporter_for
@@ -44,6 +47,9 @@ class NoClusterLauncher:
 
     def submit(self, req: LaunchRequest) -> str:
         raise RuntimeError(self.MESSAGE)
+
+    def find(self, job_id: str, attempt: int) -> str | None:
+        return None
 
     def stop(self, submission_id: str) -> None:
         return None
@@ -85,14 +91,43 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     hub = Hub()
     bus = EventBus()
     store = Store(engine, bus)
+    if store.db.is_sqlite:  # one replica per SQLite file: a second one is refused here
+        try:
+            refuse_second_sqlite_replica(store, socket.gethostname(), os.getpid())
+        except Exception:
+            engine.dispose()
+            raise
+    replica = new_replica_id()
     exporter = exporter_for(settings, store)
-    # every consumer of committed job events, in one place
-    bus.listen("sse", hub.publish)
-    if exporter is not None:
-        bus.listen("tracking", exporter.notify)
     launcher = launcher or default_launcher(settings)
     controller = Controller(settings, store, launcher)
-    telemetry = Telemetry(store)
+    leadership = Leadership(
+        store,
+        lease_s=settings.leader_lease_s,
+        on_elected=controller.start,
+        on_deposed=controller.stop,
+        replica=replica,
+    )
+    loop: list[asyncio.AbstractEventLoop] = []  # the app's loop, once it runs
+
+    def remote_events(job_id: str | None, seq: int, state: bool) -> None:
+        """Another replica stored events: SSE subscribers here read them from the store, and a
+        new or changed job wakes this replica's scheduler (when it leads)."""
+        hub.refresh(job_id)
+        if state and loop:
+            loop[0].call_soon_threadsafe(controller.wake)
+
+    relay = None
+    if not store.db.is_sqlite:
+        dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        relay = Relay(dsn, replica, remote_events)
+    # every consumer of committed job events, in one place
+    bus.listen("sse", hub.publish)
+    if relay is not None:
+        bus.listen("replicas", relay.published)
+    if exporter is not None:
+        bus.listen("tracking", exporter.notify)
+    telemetry = Telemetry(store, leadership)
     ctx = AppContext(
         settings=settings,
         store=store,
@@ -102,18 +137,35 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
         tokens=tokens,
         telemetry=telemetry,
         limiter=limiter(settings),
+        leadership=leadership,
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        controller.start()
+        loop.append(asyncio.get_running_loop())
+        if relay is not None:
+            relay.start()
+        try:
+            await leadership.start()  # leads at once when it can; the scheduler runs on the leader
+        except Exception:
+            if relay is not None:
+                await asyncio.to_thread(relay.stop)
+            engine.dispose()
+            raise
         if exporter is not None:
             exporter.start()
-        log.info("control plane up; drivers report to %s", settings.control_url)
+        log.info(
+            "control plane up (replica %s, %s); drivers report to %s",
+            replica,
+            leadership.snapshot().role,
+            settings.control_url,
+        )
         try:
             yield
         finally:
-            await controller.stop()
+            await leadership.stop()  # stops the control loops, gives the lease up
+            if relay is not None:
+                await asyncio.to_thread(relay.stop)
             if exporter is not None:
                 await asyncio.to_thread(exporter.stop)
             engine.dispose()

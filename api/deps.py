@@ -25,6 +25,7 @@ from api.telemetry import Telemetry
 from service.controller import Controller
 from service.hub import Hub
 from service.launcher import ClusterInfo, Launcher
+from service.leader import Leadership
 from service.settings import HASHED_PREFIX, Settings
 from service.store import Store
 
@@ -39,6 +40,7 @@ class AppContext:
     tokens: dict[str, str]
     telemetry: Telemetry
     limiter: RateLimiter
+    leadership: Leadership | None = None  # None: the app runs no control loops (tests)
     _cluster: tuple[float, ClusterInfo] | None = field(default=None, repr=False)
 
     async def cluster(self, max_age_s: float = 5.0) -> ClusterInfo:

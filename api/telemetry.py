@@ -15,6 +15,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.leader import Leadership
 from service.store import Store
 from workers.protocol import JobState
 
@@ -67,8 +68,36 @@ class _JobsByState(Collector):
         yield g
 
 
+class _Leadership(Collector):
+    """The replica's role and the lease's age, from memory (no database call)."""
+
+    def __init__(self, leadership: Leadership) -> None:
+        self.leadership = leadership
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.leadership.snapshot()
+        role = GaugeMetricFamily(
+            "ringtrain_replica_leader",
+            "1 when this replica leads the control plane (schedules, reconciles), else 0",
+            labels=["replica"],
+        )
+        role.add_metric([snap.replica], 1.0 if snap.role == "leader" else 0.0)
+        yield role
+        age = GaugeMetricFamily(
+            "ringtrain_leader_lease_age_seconds",
+            "seconds since the leader lease was last renewed, as this replica last saw it",
+        )
+        if snap.lease_age_s is not None:
+            age.add_metric([], snap.lease_age_s)
+        yield age
+        help_ = "the lease's epoch (grows per takeover)"
+        epoch = GaugeMetricFamily("ringtrain_leader_epoch", help_)
+        epoch.add_metric([], float(snap.epoch))
+        yield epoch
+
+
 class Telemetry:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, leadership: Leadership | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "ringtrain_http_requests", "HTTP requests", ["method", "route", "status"], registry=self.registry
@@ -95,6 +124,8 @@ class Telemetry:
         for kind in ("api", "report", "unauth"):  # exported at 0 from the start, so rate() works at once
             self.throttled.labels(kind)
         self.registry.register(_JobsByState(store))
+        if leadership is not None:
+            self.registry.register(_Leadership(leadership))
 
 
 class TelemetryMiddleware:

@@ -17,6 +17,11 @@
   runs again. A cancel the driver never confirms is forced after `cancel_grace_s`. After a restart nothing special
   is needed: running drivers keep reporting to the same URL with their token and the reconciler picks their jobs
   up again.
+- replicas: only the leader (`service.leader`) runs these loops; `start(guard, acting)` runs every
+  store write of theirs under the term's fence and checks `acting()` before each pass and each Ray
+  submission, so a deposed leader stops before another replica starts. A driver a previous leader
+  submitted but did not record (it died in between) is adopted (`launcher.find`), keeping the ingest
+  token that driver holds.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from service import admission, capacity
 from service.launcher import ClusterInfo, DriverStatus, Launcher, LaunchRequest
 from service.models import Job
 from service.settings import Settings
-from service.store import JobNotFound, Store, StoreError, hash_token
+from service.store import Deposed, JobNotFound, Store, StoreError, hash_token
+from service.store.database import WRITE_GUARD, WriteGuard
 from workers.config import SKIP_FILE_CHECKS, JobSpec
 from workers.protocol import JobState
 
@@ -61,9 +67,20 @@ class Controller:
         self._specs: dict[str, JobSpec] = {}  # stored specs never change: validated once per job
         self._too_big_since: dict[str, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._guard: WriteGuard | None = None
+        self._acting: Callable[[], bool] = lambda: True
 
     # ---- lifecycle of the loops -----------------------------------------------------------------
-    def start(self) -> None:
+    def start(
+        self,
+        guard: WriteGuard | None = None,
+        acting: Callable[[], bool] | None = None,
+    ) -> None:
+        """Run the loops; `guard` fences every store write they make, `acting` says whether this
+        replica still leads (both from `service.leader`; None: the only replica)."""
+        self._guard, self._acting = guard, acting or (lambda: True)
+        self._ended_seen.clear()  # a new term starts its grace periods afresh
+        self._too_big_since.clear()
         self._tasks = [
             asyncio.create_task(self._loop(self.schedule_once, self.settings.scheduler_interval_s)),
             asyncio.create_task(self._loop(self.reconcile_once, self.settings.reconcile_interval_s)),
@@ -82,11 +99,15 @@ class Controller:
         self._wake.set()
 
     async def _loop(self, fn: Callable[[], Awaitable[None]], interval: float) -> None:
+        WRITE_GUARD.set(self._guard)  # this task's context, and the tasks and threads it starts
         while True:
             try:
-                await fn()
+                if self._acting():
+                    await fn()
             except asyncio.CancelledError:
                 raise
+            except Deposed as e:
+                log.warning("control loop %s: %s", fn.__name__, e)
             except Exception:
                 log.exception("control loop %s failed; retrying", fn.__name__)
             with contextlib.suppress(TimeoutError):
@@ -201,10 +222,21 @@ class Controller:
 
     def _submission_ended(self, job_id: str, task: asyncio.Task[None]) -> None:
         self._submitting.pop(job_id, None)
-        if not task.cancelled() and (e := task.exception()) is not None:  # e.g. the store was unreachable
+        if not task.cancelled() and isinstance(e := task.exception(), Deposed):
+            log.warning("job %s: submission abandoned: %s", job_id, e)
+        elif not task.cancelled() and (e := task.exception()) is not None:  # e.g. the store is down
             log.error("job %s: submission failed (%s); the scheduler tries again", job_id, e, exc_info=e)
 
     async def _submit(self, job_id: str, spec: JobSpec, attempt: int, restarts: int = 0) -> None:
+        try:
+            found = await asyncio.to_thread(self.launcher.find, job_id, attempt)
+        except Exception as e:  # the cluster unreachable: the submission tries below count it
+            log.info("job %s: cannot look for an earlier submission (%s)", job_id, e)
+            found = None
+        if found is not None:  # submitted by a leader that died before recording it
+            log.warning("job %s: adopting driver %s, submitted before a takeover", job_id, found)
+            await self._submitted(job_id, found)
+            return
         token = secrets.token_urlsafe(32)
         await asyncio.to_thread(self._rotate_token, job_id, token)
         delivered = self.store.metrics.delivered_through
@@ -227,6 +259,10 @@ class Controller:
             return
         if sid is None:
             return
+        await self._submitted(job_id, sid)
+
+    async def _submitted(self, job_id: str, sid: str) -> None:
+        """Record the driver's submission; PLACING, unless the job was cancelled meanwhile."""
         job = await asyncio.to_thread(self.store.jobs.set_submission, job_id, sid)
         log.info("job %s: driver submitted as %s", job_id, sid)
         if job.cancel_requested or JobState(job.state).terminal:
@@ -253,6 +289,8 @@ class Controller:
         job = await asyncio.to_thread(self.store.jobs.get, req.job_id)
         if job.cancel_requested or JobState(job.state).terminal:
             return None
+        if not self._acting():
+            raise Deposed(f"job {req.job_id}: this replica no longer leads; not submitting")
         try:
             return await asyncio.to_thread(self.launcher.submit, req)
         except Exception as e:  # Ray unreachable, rejected entrypoint, ...

@@ -254,6 +254,10 @@ class KubeRayJobLauncher:
         self._call("POST", self.path, (200, 201, 202, 409), json=job)  # 409: this attempt's RayJob exists already
         return str(job["metadata"]["name"])
 
+    def find(self, job_id: str, attempt: int) -> str | None:
+        name = submission_id_for(job_id, attempt).lower()
+        return None if self.status(name).status == DriverStatus.UNKNOWN else name
+
     def stop(self, submission_id: str) -> None:
         """Delete the RayJob: KubeRay deletes its cluster (and the driver with it); Kueue frees the quota."""
         self._call(

@@ -79,6 +79,11 @@ class Launcher(Protocol):
         """Start the job's driver; returns its submission id. Same (job_id, attempt) → same id."""
         ...
 
+    def find(self, job_id: str, attempt: int) -> str | None:
+        """The submission id of this attempt's driver if the cluster already has it (a leader that
+        died between submitting and recording it), else None."""
+        ...
+
     def stop(self, submission_id: str) -> None:
         """Ask the driver to stop (SIGTERM, then kill). Idempotent; unknown ids are ignored."""
         ...

@@ -127,3 +127,19 @@ class AuditEvent(Base):
     status: Mapped[int] = mapped_column(Integer)
     outcome: Mapped[str] = mapped_column(String(64))
     client: Mapped[str] = mapped_column(String(100))
+
+
+class Lease(Base):
+    """A named lease (one row, `controller`): which replica leads the control plane until when.
+    `epoch` grows by one on every acquisition, so a write checked against it (`service.leader`)
+    is refused once another replica has taken over. Times are the database's clock."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    expires_at: Mapped[float] = mapped_column(Float, default=0.0)
+    renewed_at: Mapped[float] = mapped_column(Float, default=0.0)
+    host: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -124,6 +124,10 @@ class RayJobLauncher:
             log.info("Ray job %s already submitted; not submitting again", sid)
         return sid
 
+    def find(self, job_id: str, attempt: int) -> str | None:
+        sid = submission_id_for(job_id, attempt)
+        return None if self.status(sid).status == DriverStatus.UNKNOWN else sid
+
     def stop(self, submission_id: str) -> None:
         try:
             self._client.stop_job(submission_id)

@@ -69,6 +69,12 @@ class Settings(BaseSettings):
     queue_shrink_grace_s: float = Field(
         600.0, ge=0, description="a queued job larger than the cluster (nodes lost) fails after waiting this long"
     )
+    leader_lease_s: float = Field(
+        15.0,
+        ge=1.0,
+        description="replicas on one PostgreSQL store: the leader's lease; a dead leader is "
+        "replaced within this long, a leader that cannot renew stops acting before it runs out",
+    )
     log_level: str = "INFO"
     # Opt-in tracking export (service.tracking; needs `pip install 'ringtrain[tracking]'`)
     mlflow_tracking_uri: str = Field("", description="MLflow tracking URI; every job becomes a run (empty: off)")

@@ -60,6 +60,11 @@ class RecordingLauncher:
             self.submits.append(req)
             return f"ringtrain-{req.job_id}-{req.attempt}"
 
+    def find(self, job_id: str, attempt: int) -> str | None:
+        with self.lock:
+            done = any(r.job_id == job_id and r.attempt == attempt for r in self.submits)
+        return f"ringtrain-{job_id}-{attempt}" if done else None
+
     def stop(self, submission_id: str) -> None:
         with self.lock:
             self.stops.append(submission_id)

@@ -353,10 +353,14 @@ def test_plan_and_cluster(tmp_path):
 
 def test_health_metrics_and_openapi(srv):
     c = srv.client(None)
-    assert c.get("/healthz").json() == {"status": "ok"}
+    health = c.get("/healthz").json()
+    replica = srv.app.state.ctx.leadership.replica
+    assert health == {"status": "ok", "role": "leader", "replica": replica}  # SQLite: always leads
     assert c.get("/readyz").json()["status"] == "ready"
     submit(srv.client())
     text = c.get("/metrics").text
+    assert f'ringtrain_replica_leader{{replica="{replica}"}} 1.0' in text
+    assert "ringtrain_leader_lease_age_seconds" in text and "ringtrain_leader_epoch" in text
     assert 'ringtrain_jobs{state="QUEUED"}' in text or 'ringtrain_jobs{state="PLACING"}' in text
     assert "ringtrain_http_requests_total" in text and "ringtrain_http_request_duration_seconds" in text
     spec = c.get("/openapi.json").json()

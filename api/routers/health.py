@@ -17,9 +17,14 @@ STATIC = Path(__file__).resolve().parent.parent / "static"
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process is alive."""
-    return {"status": "ok"}
+def healthz(ctx: Ctx) -> dict[str, str]:
+    """The process is alive; `role` says whether this replica leads (schedules and reconciles) or
+    follows (serves the API only), `replica` which one it is. Answers without the database."""
+    lead = ctx.leadership
+    if lead is None:
+        return {"status": "ok", "role": "leader", "replica": "standalone"}
+    snap = lead.snapshot()
+    return {"status": "ok", "role": snap.role, "replica": snap.replica}
 
 
 @router.get("/readyz", responses={503: {"description": "the job store is unreachable"}})

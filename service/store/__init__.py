@@ -5,6 +5,7 @@
     store.metrics  metrics.py  the event stream: driver reports in, metric points and logs out
     store.tokens   tokens.py   per-attempt ingest tokens (hashes only)
     store.audit    audit.py    who did what through the API
+    store.leases   leases.py   the leader lease of the control plane (replicas)
 
 Shared plumbing (sessions, the per-job write lock, event seqs) is `database.py`; events are built in
 `events.py` only, and published after each commit to the listeners registered on the `EventBus`.
@@ -20,17 +21,21 @@ from service.store.database import Database
 from service.store.errors import JobEnded, JobNotFound, ReportGap, StoreError
 from service.store.events import Event, EventBus
 from service.store.jobs import Jobs
+from service.store.leases import Deposed, Leases, LeaseView
 from service.store.metrics import Metrics, ReportResult, Series
 from service.store.tokens import Tokens, hash_token
 
 __all__ = [
     "Audit",
     "Database",
+    "Deposed",
     "Event",
     "EventBus",
     "JobEnded",
     "JobNotFound",
     "Jobs",
+    "LeaseView",
+    "Leases",
     "Metrics",
     "ReportGap",
     "ReportResult",
@@ -51,6 +56,7 @@ class Store:
         self.metrics = Metrics(self.db)
         self.tokens = Tokens(self.db)
         self.audit = Audit(self.db)
+        self.leases = Leases(self.db)
 
     @property
     def bus(self) -> EventBus:

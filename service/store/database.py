@@ -5,13 +5,18 @@ Each metric point, state transition and log line of a job takes its event `seq` 
 counter (`jobs.next_event_seq`): strictly increasing, never reused, also after superseded points are
 deleted. Writes on one job are serialised (a process lock on SQLite, `SELECT ... FOR UPDATE` on
 PostgreSQL); the bus publishes each write's events after its commit, in seq order.
+
+`WRITE_GUARD`: while a context (the leader's control loops, `service.leader`) sets it, every write
+in that context first runs the guard inside its own transaction; a guard that raises (the replica
+no longer leads) leaves nothing written.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 
 from sqlalchemy import Engine, select, text
 from sqlalchemy.exc import DBAPIError
@@ -23,6 +28,8 @@ from service.store.events import Event, EventBus, log_event, transition_event
 from workers.protocol import JobState
 
 Published = list[tuple[str, list[Event]]]
+WriteGuard = Callable[[Session], None]
+WRITE_GUARD: ContextVar[WriteGuard | None] = ContextVar("ringtrain_write_guard", default=None)
 
 
 class Database:
@@ -52,6 +59,8 @@ class Database:
             out: Published = []
             try:
                 with self.sessions() as s, s.begin():
+                    if (guard := WRITE_GUARD.get()) is not None:
+                        guard(s)
                     yield s, out
             except DBAPIError as e:
                 raise StoreError(str(e).splitlines()[0]) from e

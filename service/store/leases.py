@@ -1,0 +1,142 @@
+"""The leases aggregate: the row that says which replica leads the control plane, until when, and
+in which epoch (one more on every acquisition).
+
+Times are the database's own clock, so replicas whose clocks disagree still agree on expiry. A
+write fenced by a lease (`check`, inside the write's own transaction) holds the row FOR SHARE on
+PostgreSQL until it commits: a takeover (an UPDATE of the row) waits for it, so a write either
+commits before the new epoch exists or sees it and is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from service.models import Lease
+from service.store.database import Database
+from service.store.errors import StoreError
+
+CONTROLLER = "controller"
+
+
+class Deposed(StoreError):
+    """A fenced write by a replica that no longer holds the lease (or whose term ran out): nothing
+    of it was written."""
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The lease as read at `now` (database clock)."""
+
+    name: str
+    holder: str | None
+    epoch: int
+    expires_at: float
+    renewed_at: float
+    host: str | None
+    pid: int | None
+    now: float
+
+    @property
+    def live(self) -> bool:
+        """Held by someone and not expired."""
+        return self.holder is not None and self.expires_at > self.now
+
+    @property
+    def remaining_s(self) -> float:
+        return max(0.0, self.expires_at - self.now)
+
+
+def _view(row: Lease, now: float) -> LeaseView:
+    held = (row.holder, row.epoch, row.expires_at, row.renewed_at)
+    return LeaseView(row.name, *held, row.host, row.pid, now)
+
+
+class Leases:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def _now(self, s: Session) -> float:
+        if self.db.is_sqlite:
+            q = "SELECT (julianday('now') - 2440587.5) * 86400.0"
+        else:
+            q = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+        return float(s.execute(text(q)).scalar_one())
+
+    def _row(self, s: Session, name: str, lock: bool) -> Lease:
+        q = select(Lease).where(Lease.name == name)
+        if lock and not self.db.is_sqlite:
+            q = q.with_for_update()
+        row = s.scalars(q).one_or_none()
+        if row is None:  # a schema made without the migration's row (create_all)
+            row = Lease(name=name, holder=None, epoch=0, expires_at=0.0, renewed_at=0.0)
+            s.add(row)
+            s.flush()
+        return row
+
+    def read(self, name: str = CONTROLLER) -> LeaseView:
+        with self.db.write() as (s, _):
+            return _view(self._row(s, name, lock=False), self._now(s))
+
+    def acquire(
+        self,
+        holder: str,
+        lease_s: float,
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        stale: Callable[[LeaseView], bool] | None = None,
+        name: str = CONTROLLER,
+    ) -> LeaseView:
+        """Take the lease when nobody holds it, it expired, it is already ours, or `stale` says its
+        holder is gone; the epoch grows by one. Returns the lease as it now is (ours or not)."""
+        with self.db.write() as (s, _):
+            row = self._row(s, name, lock=True)
+            now = self._now(s)
+            seen = _view(row, now)
+            if seen.live and row.holder != holder and not (stale is not None and stale(seen)):
+                return seen
+            row.holder, row.epoch = holder, row.epoch + 1
+            row.expires_at, row.renewed_at = now + lease_s, now
+            row.host, row.pid = host, pid
+            return _view(row, now)
+
+    def renew(
+        self,
+        holder: str,
+        epoch: int,
+        lease_s: float,
+        name: str = CONTROLLER,
+    ) -> LeaseView | None:
+        """Extend our lease; None when it is no longer ours (another replica took it)."""
+        with self.db.write() as (s, _):
+            row = self._row(s, name, lock=True)
+            now = self._now(s)
+            if row.holder != holder or row.epoch != epoch:
+                return None
+            row.expires_at, row.renewed_at = now + lease_s, now
+            return _view(row, now)
+
+    def release(self, holder: str, epoch: int, name: str = CONTROLLER) -> bool:
+        """Give the lease up at once (a clean shutdown), so another replica need not wait for it to
+        expire."""
+        with self.db.write() as (s, _):
+            row = self._row(s, name, lock=True)
+            if row.holder != holder or row.epoch != epoch:
+                return False
+            row.expires_at = self._now(s)
+            return True
+
+    def check(self, s: Session, holder: str, epoch: int, name: str = CONTROLLER) -> None:
+        """Inside a write's transaction: raise Deposed unless `holder` still holds the lease in
+        `epoch`. On PostgreSQL the row stays locked FOR SHARE until the write commits."""
+        q = select(Lease.holder, Lease.epoch).where(Lease.name == name)
+        if not self.db.is_sqlite:
+            q = q.with_for_update(read=True)
+        got = s.execute(q).one_or_none()
+        if got is None or (got[0], got[1]) != (holder, epoch):
+            now = (got[0], got[1]) if got is not None else None
+            raise Deposed(f"lease {name} epoch {epoch} of {holder} is over (now {now})")
