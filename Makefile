@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` and `make test` (both set up .venv on first use).
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test test-fast lint bench
 
 setup:
 	@scripts/setup.sh
@@ -9,6 +9,9 @@ demo: setup
 
 test: setup
 	scripts/test.sh
+
+test-fast: setup  # the unit tier without slow tests: a few minutes
+	scripts/test.sh tests/unit -m "not slow"
 
 lint: setup
 	.venv/bin/ruff check .

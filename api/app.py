@@ -23,7 +23,18 @@ from api.audit import AuditMiddleware
 from api.body import YAML_TYPES, BodyLimitMiddleware
 from api.deps import AppContext
 from api.ratelimit import Limit, RateLimiter
-from api.routers import artifacts, audit, cluster, dashboard, datasets, events, health, jobs, metrics, reports
+from api.routers import (
+    artifacts,
+    audit,
+    cluster,
+    dashboard,
+    datasets,
+    events,
+    health,
+    jobs,
+    metrics,
+    reports,
+)
 from api.security import SecurityHeadersMiddleware
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
@@ -69,7 +80,9 @@ def default_launcher(settings: Settings) -> Launcher:
         from service.kuberay_jobs import KubeRayJobLauncher
 
         return KubeRayJobLauncher.from_file(
-            settings.kuberay_rayjob_template, api_url=settings.kubernetes_api, namespace=settings.kuberay_namespace
+            settings.kuberay_rayjob_template,
+            api_url=settings.kubernetes_api,
+            namespace=settings.kuberay_namespace,
         )
     if not settings.ray_address:
         return NoClusterLauncher()
@@ -178,7 +191,14 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     )
     app.state.ctx = ctx
     errors.install(app)
-    for r in (jobs.router, events.router, reports.router, cluster.router, dashboard.router, health.router):
+    for r in (
+        jobs.router,
+        events.router,
+        reports.router,
+        cluster.router,
+        dashboard.router,
+        health.router,
+    ):
         app.include_router(r)
     app.include_router(audit.router)
     app.include_router(artifacts.router)
@@ -186,7 +206,9 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     app.include_router(datasets.router)
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
     app.add_middleware(
-        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, max_report_bytes=settings.max_report_bytes
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        max_report_bytes=settings.max_report_bytes,
     )
     app.add_middleware(AuditMiddleware, store=store)
     app.add_middleware(SecurityHeadersMiddleware)
@@ -211,7 +233,12 @@ class RingtrainApp(FastAPI):
         if self.openapi_schema:
             return self.openapi_schema
         self.openapi_schema = _with_jobspec_bodies(
-            get_openapi(title=self.title, version=self.version, description=self.description, routes=self.routes)
+            get_openapi(
+                title=self.title,
+                version=self.version,
+                description=self.description,
+                routes=self.routes,
+            )
         )
         return self.openapi_schema
 
@@ -226,6 +253,8 @@ def _with_jobspec_bodies(schema: dict[str, Any]) -> dict[str, Any]:
         for op in ops.values():
             if isinstance(op, dict) and op.pop("x-jobspec-body", False):
                 content = {"application/json": {"schema": ref}}
-                content.update({t: {"schema": ref} for t in sorted(YAML_TYPES) if t == "application/yaml"})
+                content.update(
+                    {t: {"schema": ref} for t in sorted(YAML_TYPES) if t == "application/yaml"}
+                )
                 op["requestBody"] = {"required": True, "content": content}
     return schema

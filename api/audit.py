@@ -43,7 +43,11 @@ class AuditMiddleware:
         self.store = store
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in MUTATING or not scope["path"].startswith("/v1/"):
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in MUTATING
+            or not scope["path"].startswith("/v1/")
+        ):
             await self.app(scope, receive, send)
             return
         recorded = False
@@ -69,7 +73,9 @@ class AuditMiddleware:
         if not owner or route is None or route in NOT_AUDITED:
             return
         method = scope["method"]
-        job_id = (scope.get("path_params") or {}).get("job_id") or (_location_job(headers) if status < 300 else None)
+        job_id = (scope.get("path_params") or {}).get("job_id") or (
+            _location_job(headers) if status < 300 else None
+        )
         outcome = state.get("audit_outcome") or ("ok" if status < 400 else status_code_name(status))
         client = scope.get("client")
         row = {
@@ -85,5 +91,11 @@ class AuditMiddleware:
         }
         try:
             await asyncio.to_thread(self.store.audit.record, **row)
-        except Exception as e:  # the answer is decided already; a store outage must not turn it into a 500
-            log.error("audit row not written (%s): %s", type(e).__name__, {k: row[k] for k in ("owner", "action")})
+        except (
+            Exception
+        ) as e:  # the answer is decided already; a store outage must not turn it into a 500
+            log.error(
+                "audit row not written (%s): %s",
+                type(e).__name__,
+                {k: row[k] for k in ("owner", "action")},
+            )

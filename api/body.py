@@ -72,12 +72,17 @@ class BodyLimitMiddleware:
 
 
 async def _too_large(send: Send, limit: int) -> None:
-    body = json.dumps(error_body("payload_too_large", f"the request body exceeds the {limit} byte limit")).encode()
+    body = json.dumps(
+        error_body("payload_too_large", f"the request body exceeds the {limit} byte limit")
+    ).encode()
     await send(
         {
             "type": "http.response.start",
             "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -99,16 +104,22 @@ def parse_spec(body: bytes, content_type: str | None) -> JobSpec:
             raise from_pydantic(e) from e
         except (yaml.YAMLError, RecursionError) as e:
             raise ApiError(
-                400, f"the YAML job spec could not be parsed: {_first_line(e)}", code="malformed_yaml"
+                400,
+                f"the YAML job spec could not be parsed: {_first_line(e)}",
+                code="malformed_yaml",
             ) from e
         except ValueError as e:
             raise ApiError(422, str(e), code="validation_error") from e
     if ctype not in JSON_TYPES and not ctype.endswith("+json"):
-        raise ApiError(415, f"send the job spec as application/json or application/yaml, not {ctype!r}")
+        raise ApiError(
+            415, f"send the job spec as application/json or application/yaml, not {ctype!r}"
+        )
     try:
         data: Any = json.loads(text)
     except (json.JSONDecodeError, RecursionError, ValueError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {_first_line(e)}", code="malformed_json") from e
+        raise ApiError(
+            400, f"the request body is not valid JSON: {_first_line(e)}", code="malformed_json"
+        ) from e
     if not isinstance(data, dict):
         raise ApiError(422, "a job spec must be a JSON object", code="validation_error")
     try:

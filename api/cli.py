@@ -44,7 +44,11 @@ def _console() -> Console:
 
 def _out(args: argparse.Namespace, obj: object, human: Callable[[], None]) -> None:
     if args.json:
-        print(json.dumps(TypeAdapter(type(obj)).dump_python(obj, mode="json", by_alias=True), indent=2))
+        print(
+            json.dumps(
+                TypeAdapter(type(obj)).dump_python(obj, mode="json", by_alias=True), indent=2
+            )
+        )
     else:
         human()
 
@@ -325,7 +329,9 @@ def _fmt_job_line(j: JobOut, view: MetricCatalogView) -> str:
     for m in view.marked("column"):
         latest = j.latest_metrics.get(m.name)
         cols += f" {format_value(m, latest.value) if latest else '-':>{_col_width(m)}}"
-    state = f"{j.state.value} #{j.queue_position}" if j.queue_position is not None else j.state.value
+    state = (
+        f"{j.state.value} #{j.queue_position}" if j.queue_position is not None else j.state.value
+    )
     line = f"{j.id:<14} {state:<12} {j.step:>6}/{j.total_steps:<6}{cols}  {j.name}"
     return line + (f"\n{'':<14} waits: {j.queue_reason}" if j.queue_reason else "")
 
@@ -415,7 +421,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             for j in page.jobs:
                 print(_fmt_job_line(j, view))
             if page.total > page.offset + len(page.jobs):
-                print(f"… {page.total} jobs in all; see more with --offset {page.offset + len(page.jobs)}")
+                print(
+                    f"… {page.total} jobs in all; see more with --offset {page.offset + len(page.jobs)}"
+                )
 
         _out(args, page, human)
     return 0
@@ -448,8 +456,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
             if j.queue_position is not None:
                 print(f"  queue     position {j.queue_position}: {j.queue_reason or 'waiting'}")
-            print(f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   priority {j.priority}")
-            print(f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   updated {j.updated_at:%H:%M:%S}")
+            print(
+                f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   priority {j.priority}"
+            )
+            print(
+                f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   updated {j.updated_at:%H:%M:%S}"
+            )
             print(f"  verified  {verification_line(j)}")
             for line in MetricCatalogView.fetch(c).status_lines(j.latest_metrics):
                 print(line)
@@ -459,7 +471,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"  error     {j.error}")
             print("  history")
             for t in j.transitions or []:
-                print(f"    {time.strftime('%H:%M:%S', time.gmtime(t.time))}  {t.to_state.value:<10} {t.reason}")
+                print(
+                    f"    {time.strftime('%H:%M:%S', time.gmtime(t.time))}  {t.to_state.value:<10} {t.reason}"
+                )
 
         _out(args, j, human)
         return 1 if j.state.value == "FAILED" and not args.json else 0
@@ -478,7 +492,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
         def human() -> None:
             for line in page.lines:
-                print(f"{time.strftime('%H:%M:%S', time.gmtime(line.time))} [{line.source}] {line.line}")
+                print(
+                    f"{time.strftime('%H:%M:%S', time.gmtime(line.time))} [{line.source}] {line.line}"
+                )
             if page.driver_log:
                 print("---- Ray driver log (tail) ----")
                 print(page.driver_log, end="" if page.driver_log.endswith("\n") else "\n")
@@ -501,7 +517,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 f"{p.accelerator}, bundle {p.bundle}, strategy {p.strategy}"
             )
             if p.placement:
-                print(f"placement: {p.nodes_used} node(s), {p.node_crossings} ring edge(s) cross nodes")
+                print(
+                    f"placement: {p.nodes_used} node(s), {p.node_crossings} ring edge(s) cross nodes"
+                )
                 for s in p.placement:
                     print(f"  rank {s.rank:<4} ring {s.ring:<3} {s.node_id[:20]:<20} {s.device}")
             gib = 2**30
@@ -538,7 +556,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
         ) as bar:
             tasks = {f.name: bar.add_task(f.name, total=f.size) for f in listing.files}
             try:
-                paths = c.pull(args.id, args.dir, lambda name, done, _: bar.update(tasks[name], completed=done))
+                paths = c.pull(
+                    args.id, args.dir, lambda name, done, _: bar.update(tasks[name], completed=done)
+                )
             except ChecksumMismatch as e:
                 con.print(f"[red]error:[/red] {e}")
                 return 1
@@ -566,13 +586,26 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     from workers.data import prepare as data_prepare
 
     con = _console()
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, TextColumn("{task.fields[counts]}"), console=con, disable=args.json) as bar:
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+    )
+    with Progress(
+        *columns, TextColumn("{task.fields[counts]}"), console=con, disable=args.json
+    ) as bar:
         task = bar.add_task("hashing", total=None, counts="")
 
         def show(p: data_prepare.Progress) -> None:
             counts = f"{p.documents:,} documents, {p.tokens:,} tokens"
-            bar.update(task, description=p.stage, total=p.total_bytes, completed=p.done_bytes, counts=counts)
+            bar.update(
+                task,
+                description=p.stage,
+                total=p.total_bytes,
+                completed=p.done_bytes,
+                counts=counts,
+            )
 
         try:
             manifest = data_prepare.prepare(
@@ -604,14 +637,20 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 def _add_data_commands(sub: Any) -> None:
     """`ringtrain data prepare SOURCE --tokenizer ... --out DIR`: the arguments of `python -m workers.data.prepare`
     (repeated here, not imported: importing workers.data loads torch, which every other command would pay for;
-    tests/test_prepare.py checks the two agree)."""
-    data = sub.add_parser("data", help="prepared datasets").add_subparsers(dest="data_cmd", required=True)
+    tests/unit/workers/data/test_prepare.py checks the two agree)."""
+    data = sub.add_parser("data", help="prepared datasets").add_subparsers(
+        dest="data_cmd", required=True
+    )
     s = data.add_parser("prepare", help="tokenize a corpus once into memory-mapped shards (on Ray)")
     s.add_argument("source", help="a .txt/.jsonl/.parquet file, or a directory of them")
-    s.add_argument("--tokenizer", required=True, help="a model directory, or 'bytes' (native models)")
+    s.add_argument(
+        "--tokenizer", required=True, help="a model directory, or 'bytes' (native models)"
+    )
     s.add_argument("--out", required=True, help="the dataset directory to write")
     s.add_argument("--format", choices=("text", "chat"), default="text")
-    s.add_argument("--text-field", default="text", help="the field read from .jsonl/.parquet (text format)")
+    s.add_argument(
+        "--text-field", default="text", help="the field read from .jsonl/.parquet (text format)"
+    )
     s.add_argument("--ray-address", default=None, help="a Ray cluster (default: a local Ray)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_data_prepare)
@@ -620,16 +659,25 @@ def _add_data_commands(sub: Any) -> None:
 # ---- entry point ----------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", help="ringtrain server (RINGTRAIN_URL, default http://127.0.0.1:8000)")
+    common.add_argument(
+        "--url", help="ringtrain server (RINGTRAIN_URL, default http://127.0.0.1:8000)"
+    )
     common.add_argument("--token", help="API token (RINGTRAIN_TOKEN, default: ~/.ringtrain/token)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     srv = argparse.ArgumentParser(add_help=False)
     srv.add_argument("--host", help="bind address (RINGTRAIN_HOST, default 127.0.0.1)")
     srv.add_argument("--port", type=int, help="port (RINGTRAIN_PORT, default 8000)")
-    srv.add_argument("--database-url", help="SQLAlchemy URL (RINGTRAIN_DATABASE_URL, default sqlite:///./ringtrain.db)")
-    srv.add_argument("--ray-address", help="Ray Jobs API, e.g. http://head:8265 (empty: start a local Ray head)")
+    srv.add_argument(
+        "--database-url",
+        help="SQLAlchemy URL (RINGTRAIN_DATABASE_URL, default sqlite:///./ringtrain.db)",
+    )
+    srv.add_argument(
+        "--ray-address", help="Ray Jobs API, e.g. http://head:8265 (empty: start a local Ray head)"
+    )
 
-    p = argparse.ArgumentParser(prog="ringtrain", description="Long-context training with exact ring attention.")
+    p = argparse.ArgumentParser(
+        prog="ringtrain", description="Long-context training with exact ring attention."
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", parents=[srv], help="run the control plane")
     s.set_defaults(fn=cmd_serve, json=False)
@@ -641,9 +689,13 @@ def parser() -> argparse.ArgumentParser:
     s = db.add_parser("upgrade", help="bring the database to the newest schema (serve does it too)")
     s.add_argument("--database-url", help="SQLAlchemy URL (RINGTRAIN_DATABASE_URL)")
     s.set_defaults(fn=cmd_db_upgrade, json=False, host=None, port=None, ray_address=None)
-    s = sub.add_parser("submit", parents=[common], help="submit a job spec (YAML/JSON file, or - for stdin)")
+    s = sub.add_parser(
+        "submit", parents=[common], help="submit a job spec (YAML/JSON file, or - for stdin)"
+    )
     s.add_argument("spec")
-    s.add_argument("--follow", "-f", action="store_true", help="show live progress until the job ends")
+    s.add_argument(
+        "--follow", "-f", action="store_true", help="show live progress until the job ends"
+    )
     s.set_defaults(fn=cmd_submit)
     s = sub.add_parser("list", parents=[common], help="list your jobs, newest first")
     s.add_argument("--state", action="append", help="only this state (repeatable)")
@@ -660,7 +712,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "logs":
             s.add_argument("--no-driver", action="store_true", help="skip Ray's driver log")
         s.set_defaults(fn=fn)
-    s = sub.add_parser("pull", parents=[common], help="download a job's exported model, checksums verified")
+    s = sub.add_parser(
+        "pull", parents=[common], help="download a job's exported model, checksums verified"
+    )
     s.add_argument("id")
     s.add_argument("dir")
     s.set_defaults(fn=cmd_pull)

@@ -87,14 +87,19 @@ def spec_body(spec: str | Path | dict[str, Any] | JobSpec) -> tuple[bytes, str]:
     if isinstance(spec, dict):
         return json.dumps(spec).encode(), "application/json"
     if isinstance(spec, Path) or (
-        isinstance(spec, str) and "\n" not in spec and len(spec) < 4096 and Path(spec).expanduser().is_file()
+        isinstance(spec, str)
+        and "\n" not in spec
+        and len(spec) < 4096
+        and Path(spec).expanduser().is_file()
     ):
         p = Path(spec).expanduser()
         text = p.read_text()
         ctype = "application/json" if p.suffix == ".json" else "application/yaml"
         return text.encode(), ctype
     text = str(spec)
-    return text.encode(), "application/json" if text.lstrip().startswith("{") else "application/yaml"
+    return text.encode(), "application/json" if text.lstrip().startswith(
+        "{"
+    ) else "application/yaml"
 
 
 class Client:
@@ -109,7 +114,9 @@ class Client:
         self.url = resolve_url(url)
         self.token = resolve_token(token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self.http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -139,7 +146,9 @@ class Client:
         return r.json() if r.content else None
 
     def _get(self, path: str, **params: Any) -> Any:
-        return self._check(self.http.get(path, params={k: v for k, v in params.items() if v is not None}))
+        return self._check(
+            self.http.get(path, params={k: v for k, v in params.items() if v is not None})
+        )
 
     # ---- endpoints ------------------------------------------------------------------------------
     def submit(self, spec: str | Path | dict[str, Any] | JobSpec) -> JobOut:
@@ -154,8 +163,12 @@ class Client:
             self._check(self.http.post("/v1/plan", content=body, headers={"Content-Type": ctype}))
         )
 
-    def list_jobs(self, state: str | list[str] | None = None, limit: int = 50, offset: int = 0) -> JobList:
-        return JobList.model_validate(self._get("/v1/jobs", state=state, limit=limit, offset=offset))
+    def list_jobs(
+        self, state: str | list[str] | None = None, limit: int = 50, offset: int = 0
+    ) -> JobList:
+        return JobList.model_validate(
+            self._get("/v1/jobs", state=state, limit=limit, offset=offset)
+        )
 
     def get_job(self, job_id: str) -> JobOut:
         return JobOut.model_validate(self._get(f"/v1/jobs/{job_id}"))
@@ -163,10 +176,16 @@ class Client:
     def cancel(self, job_id: str) -> JobOut:
         return JobOut.model_validate(self._check(self.http.post(f"/v1/jobs/{job_id}/cancel")))
 
-    def metrics(self, job_id: str, after: int = 0, limit: int = 1000, names: list[str] | None = None) -> MetricPage:
-        return MetricPage.model_validate(self._get(f"/v1/jobs/{job_id}/metrics", after=after, limit=limit, name=names))
+    def metrics(
+        self, job_id: str, after: int = 0, limit: int = 1000, names: list[str] | None = None
+    ) -> MetricPage:
+        return MetricPage.model_validate(
+            self._get(f"/v1/jobs/{job_id}/metrics", after=after, limit=limit, name=names)
+        )
 
-    def iter_metrics(self, job_id: str, names: list[str] | None = None, after: int = 0) -> Iterator[MetricOut]:
+    def iter_metrics(
+        self, job_id: str, names: list[str] | None = None, after: int = 0
+    ) -> Iterator[MetricOut]:
         """Every stored point, following pages."""
         while True:
             page = self.metrics(job_id, after=after, names=names)
@@ -177,7 +196,9 @@ class Client:
 
     def logs(self, job_id: str, after: int = 0, limit: int = 1000, driver: bool = True) -> LogPage:
         return LogPage.model_validate(
-            self._get(f"/v1/jobs/{job_id}/logs", after=after, limit=limit, driver=str(driver).lower())
+            self._get(
+                f"/v1/jobs/{job_id}/logs", after=after, limit=limit, driver=str(driver).lower()
+            )
         )
 
     def artifacts(self, job_id: str) -> ArtifactList:
@@ -249,12 +270,16 @@ class Client:
                 for attempt in retrying:  # each pass over `retrying` starts a fresh count
                     with attempt:
                         stream = self._event_stream(job_id, last, read_timeout)
-                        first = next(stream)  # _StreamLost when the connection ends before its first event
+                        first = next(
+                            stream
+                        )  # _StreamLost when the connection ends before its first event
             except _StreamLost as e:
                 if not reconnect:
                     return
                 raise ApiError(
-                    0, "disconnected", f"lost the event stream of {job_id} {max_retries + 1} times in a row"
+                    0,
+                    "disconnected",
+                    f"lost the event stream of {job_id} {max_retries + 1} times in a row",
                 ) from e
             try:
                 for ev in itertools.chain([first], stream):
@@ -269,12 +294,16 @@ class Client:
             finally:
                 stream.close()
 
-    def _event_stream(self, job_id: str, after: int | None, read_timeout: float) -> Generator[JobEvent]:
+    def _event_stream(
+        self, job_id: str, after: int | None, read_timeout: float
+    ) -> Generator[JobEvent]:
         """One connection's events (httpx-sse does the framing); raises _StreamLost if it ends before `end`."""
         headers = {} if after is None else {"Last-Event-ID": str(after)}
         timeout = httpx.Timeout(10.0, read=read_timeout)
         try:
-            with connect_sse(self.http, "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout) as es:
+            with connect_sse(
+                self.http, "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout
+            ) as es:
                 if es.response.status_code >= 400:
                     es.response.read()
                     self._check(es.response)

@@ -58,7 +58,9 @@ def get_ctx(request: Request) -> AppContext:
     return ctx
 
 
-bearer = HTTPBearer(auto_error=False, description="an API token (user routes) or a job's ingest token (reports)")
+bearer = HTTPBearer(
+    auto_error=False, description="an API token (user routes) or a job's ingest token (reports)"
+)
 
 _UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
 
@@ -69,7 +71,10 @@ def owner_of(tokens: dict[str, str], presented: str) -> str | None:
     raw = presented.encode()
     hashed = (HASHED_PREFIX + hashlib.sha256(raw).hexdigest()).encode()
     found = None
-    for entry, owner in tokens.items():  # no early exit: timing does not depend on which token matched
+    for (
+        entry,
+        owner,
+    ) in tokens.items():  # no early exit: timing does not depend on which token matched
         if hmac.compare_digest(entry.encode(), hashed if entry.startswith(HASHED_PREFIX) else raw):
             found = owner
     return found

@@ -67,9 +67,16 @@ class ApiError(Exception):
 
 
 def error_body(
-    code: str, message: str, field: str | None = None, details: list[dict[str, Any]] | None = None, **extra: Any
+    code: str,
+    message: str,
+    field: str | None = None,
+    details: list[dict[str, Any]] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "field": field, "details": details or []}, **extra}
+    return {
+        "error": {"code": code, "message": message, "field": field, "details": details or []},
+        **extra,
+    }
 
 
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -85,7 +92,11 @@ def _details(errors: list[Any]) -> list[dict[str, Any]]:
     out = []
     for e in errors:
         loc = e.get("loc", ())
-        d = {"field": field_path(loc) or None, "message": e.get("msg", ""), "type": e.get("type", "")}
+        d = {
+            "field": field_path(loc) or None,
+            "message": e.get("msg", ""),
+            "type": e.get("type", ""),
+        }
         if loc and loc[0] in ("query", "path", "header"):
             d["in"] = loc[0]
         out.append(d)
@@ -97,7 +108,12 @@ def validation_error(errors: list[Any], what: str = "request") -> ApiError:
     first = details[0] if details else {"field": None, "message": "invalid input"}
     where = f"{first['field']}: " if first["field"] else ""
     more = f" (and {len(details) - 1} more problem(s), see details)" if len(details) > 1 else ""
-    return ApiError(422, f"invalid {what}: {where}{first['message']}{more}", field=first["field"], details=details)
+    return ApiError(
+        422,
+        f"invalid {what}: {where}{first['message']}{more}",
+        field=first["field"],
+        details=details,
+    )
 
 
 def from_pydantic(e: ValidationError, what: str = "job spec") -> ApiError:
@@ -122,7 +138,11 @@ def install(app: FastAPI) -> None:
         errs = list(exc.errors())
         if any(e.get("type") == "json_invalid" for e in errs):
             return _respond(
-                ApiError(400, "the request body is not valid JSON: " + errs[0].get("msg", ""), code="malformed_json")
+                ApiError(
+                    400,
+                    "the request body is not valid JSON: " + errs[0].get("msg", ""),
+                    code="malformed_json",
+                )
             )
         return _respond(validation_error(errs))
 

@@ -29,7 +29,9 @@ Check = Callable[[httpx.Response], object]  # raises the client's ApiError for a
 
 class ChecksumMismatch(Exception):
     def __init__(self, name: str, expected: str, got: str) -> None:
-        super().__init__(f"{name}: SHA-256 {got} does not match the listed {expected}; the file was discarded")
+        super().__init__(
+            f"{name}: SHA-256 {got} does not match the listed {expected}; the file was discarded"
+        )
         self.name = name
         self.expected = expected
         self.got = got
@@ -38,8 +40,15 @@ class ChecksumMismatch(Exception):
 def local_path(dest: Path, name: str) -> Path:
     """Where a listed file goes under `dest`; ValueError for a name that would leave it."""
     parts = PurePosixPath(name).parts
-    if not parts or name.startswith("/") or "\\" in name or any(p in ("..", ".", "") for p in parts):
-        raise ValueError(f"refusing artifact name {name!r}: not a relative path inside the model directory")
+    if (
+        not parts
+        or name.startswith("/")
+        or "\\" in name
+        or any(p in ("..", ".", "") for p in parts)
+    ):
+        raise ValueError(
+            f"refusing artifact name {name!r}: not a relative path inside the model directory"
+        )
     return dest.joinpath(*parts)
 
 
@@ -49,7 +58,12 @@ def _hash_of(path: Path) -> str:
 
 
 def pull_file(
-    http: httpx.Client, job_id: str, art: ArtifactOut, dest: Path, progress: Progress | None, check: Check
+    http: httpx.Client,
+    job_id: str,
+    art: ArtifactOut,
+    dest: Path,
+    progress: Progress | None,
+    check: Check,
 ) -> Path:
     final = local_path(dest, art.name)
     if final.is_file() and final.stat().st_size == art.size and _hash_of(final) == art.sha256:
@@ -91,7 +105,11 @@ def pull_file(
 
 
 def pull(
-    http: httpx.Client, listing: ArtifactList, dest: str | Path, check: Check, progress: Progress | None = None
+    http: httpx.Client,
+    listing: ArtifactList,
+    dest: str | Path,
+    check: Check,
+    progress: Progress | None = None,
 ) -> list[Path]:
     """Every file of `listing` under `dest`, verified; raises ChecksumMismatch on the first bad file."""
     root = Path(dest).expanduser()

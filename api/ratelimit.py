@@ -39,7 +39,10 @@ class RateLimiter:
     """Buckets by (kind, key). `take` returns 0.0 when the request may pass, else the seconds to wait."""
 
     def __init__(
-        self, limits: dict[str, Limit], max_keys: int = 50_000, clock: Callable[[], float] = time.monotonic
+        self,
+        limits: dict[str, Limit],
+        max_keys: int = 50_000,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
         self.max_keys = max_keys

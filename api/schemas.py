@@ -67,7 +67,9 @@ class TransitionOut(_FromRow):
     from_state: JobState | None = Field(
         None, validation_alias=AliasChoices("from_state", "from"), serialization_alias="from"
     )
-    to_state: JobState = Field(validation_alias=AliasChoices("to_state", "to"), serialization_alias="to")
+    to_state: JobState = Field(
+        validation_alias=AliasChoices("to_state", "to"), serialization_alias="to"
+    )
     reason: str
     resume_step: int | None = None
 
@@ -111,15 +113,20 @@ class JobOut(_FromRow):
     metadata: Annotated[dict[str, Any], BeforeValidator(_none_as_empty_dict)] = Field(
         {}, validation_alias=AliasChoices("meta", "metadata")
     )
-    latest_metrics: Annotated[dict[str, LatestMetric], BeforeValidator(_none_as_empty_dict)] = Field(
-        {}, validation_alias=AliasChoices("latest", "latest_metrics")
+    latest_metrics: Annotated[dict[str, LatestMetric], BeforeValidator(_none_as_empty_dict)] = (
+        Field({}, validation_alias=AliasChoices("latest", "latest_metrics"))
     )
     transitions: list[TransitionOut] | None = None
-    priority: int = Field(0, description="higher starts first when jobs wait for capacity (the spec's priority)")
-    queue_position: int | None = Field(
-        None, description="place in the admission queue (1 = next to start); null unless the job is waiting QUEUED"
+    priority: int = Field(
+        0, description="higher starts first when jobs wait for capacity (the spec's priority)"
     )
-    queue_reason: str | None = Field(None, description="why the job waits (capacity, quota, …); null unless waiting")
+    queue_position: int | None = Field(
+        None,
+        description="place in the admission queue (1 = next to start); null unless the job is waiting QUEUED",
+    )
+    queue_reason: str | None = Field(
+        None, description="why the job waits (capacity, quota, …); null unless waiting"
+    )
     verification: VerificationOut | None = Field(
         None, description="the pre-training check of the job's math; null before it, or disabled"
     )
@@ -180,7 +187,9 @@ class LogPage(BaseModel):
     lines: list[LogOut]
     next_after: int
     has_more: bool
-    driver_log: str | None = Field(None, description="tail of Ray's driver log, when the cluster has it")
+    driver_log: str | None = Field(
+        None, description="tail of Ray's driver log, when the cluster has it"
+    )
 
 
 class ClusterOut(BaseModel):
@@ -201,4 +210,9 @@ class PlanOut(Plan):
 
     @classmethod
     def of(cls, spec: dict[str, Any], p: Plan, cluster_error: str | None = None) -> PlanOut:
-        return cls(**vars(p), valid=p.fits or cluster_error is not None, spec=spec, cluster_error=cluster_error)
+        return cls(
+            **vars(p),
+            valid=p.fits or cluster_error is not None,
+            spec=spec,
+            cluster_error=cluster_error,
+        )

@@ -100,7 +100,10 @@ class Telemetry:
     def __init__(self, store: Store, leadership: Leadership | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "ringtrain_http_requests", "HTTP requests", ["method", "route", "status"], registry=self.registry
+            "ringtrain_http_requests",
+            "HTTP requests",
+            ["method", "route", "status"],
+            registry=self.registry,
         )
         self.latency = Histogram(
             "ringtrain_http_request_duration_seconds",
@@ -110,10 +113,15 @@ class Telemetry:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
         self.points = Counter(
-            "ringtrain_metric_points_ingested", "metric points stored from driver reports", registry=self.registry
+            "ringtrain_metric_points_ingested",
+            "metric points stored from driver reports",
+            registry=self.registry,
         )
         self.reports = Counter(
-            "ringtrain_report_batches", "report batches by outcome", ["outcome"], registry=self.registry
+            "ringtrain_report_batches",
+            "report batches by outcome",
+            ["outcome"],
+            registry=self.registry,
         )
         self.throttled = Counter(
             "ringtrain_rate_limited_requests",
@@ -121,7 +129,11 @@ class Telemetry:
             ["kind"],
             registry=self.registry,
         )
-        for kind in ("api", "report", "unauth"):  # exported at 0 from the start, so rate() works at once
+        for kind in (
+            "api",
+            "report",
+            "unauth",
+        ):  # exported at 0 from the start, so rate() works at once
             self.throttled.labels(kind)
         self.registry.register(_JobsByState(store))
         if leadership is not None:

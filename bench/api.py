@@ -54,7 +54,12 @@ def bench_ingest(srv, points: int, batch: int = 500) -> tuple[float, float]:
     d.state("RUNNING", reason="bench")
     t = time.perf_counter()
     for start in range(0, points, batch):
-        r = d.post([d.item("metric", step=s, name="loss", value=1.0) for s in range(start, min(points, start + batch))])
+        r = d.post(
+            [
+                d.item("metric", step=s, name="loss", value=1.0)
+                for s in range(start, min(points, start + batch))
+            ]
+        )
         assert r.status_code == 200, r.text
     api_rate = points / (time.perf_counter() - t)
     # reference: the same rows straight into the same database with one executemany per batch
@@ -67,7 +72,15 @@ def bench_ingest(srv, points: int, batch: int = 500) -> tuple[float, float]:
             s.execute(
                 MetricPointRow.__table__.insert(),
                 [
-                    {"job_id": jid, "seq": 10**9 + k, "step": k, "name": "ref", "value": 1.0, "rank": None, "time": 0.0}
+                    {
+                        "job_id": jid,
+                        "seq": 10**9 + k,
+                        "step": k,
+                        "name": "ref",
+                        "value": 1.0,
+                        "rank": None,
+                        "time": 0.0,
+                    }
                     for k in range(start, min(points, start + batch))
                 ],
             )
@@ -85,7 +98,9 @@ def bench_fanout(srv, subscribers: int, messages: int) -> tuple[list[float], lis
     def sub() -> None:
         with (
             httpx.Client(
-                base_url=srv.url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=httpx.Timeout(10, read=60)
+                base_url=srv.url,
+                headers={"Authorization": f"Bearer {ALICE}"},
+                timeout=httpx.Timeout(10, read=60),
             ) as h,
             h.stream("GET", f"/v1/jobs/{jid}/events") as r,
         ):

@@ -23,8 +23,8 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from tests.dist import run_distributed
+
 from workers.attention import attention_backend
 from workers.attention.ring import _ring_attention
 
@@ -38,12 +38,17 @@ def _rank_job(rank: int, world: int, cfg: dict) -> dict:
     torch.set_num_threads(1)
     s, h, d, layout = cfg["seq"], cfg["heads"], cfg["head_dim"], cfg["layout"]
     # A tiny pass first, so code pages and allocator pools touched on first use are not counted as memory.
-    tiny = [torch.randn(1, 16, n, d, requires_grad=True) for n in (h, cfg["kv_heads"], cfg["kv_heads"])]
+    tiny = [
+        torch.randn(1, 16, n, d, requires_grad=True) for n in (h, cfg["kv_heads"], cfg["kv_heads"])
+    ]
     _ring_attention(*tiny, causal=True, layout=layout, overlap=cfg["overlap"]).sum().backward()
     rss0 = _max_rss_bytes()
     g = torch.Generator().manual_seed(0)
     # Only this rank's shard is ever allocated (values need not match across runs: timing and memory only).
-    q, k, v, dout = (torch.randn(1, s // world, n, d, generator=g) for n in (h, cfg["kv_heads"], cfg["kv_heads"], h))
+    q, k, v, dout = (
+        torch.randn(1, s // world, n, d, generator=g)
+        for n in (h, cfg["kv_heads"], cfg["kv_heads"], h)
+    )
     walls, cpus = [], []
     for i in range(cfg["iters"] + 1):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
@@ -63,7 +68,12 @@ def _rank_job(rank: int, world: int, cfg: dict) -> dict:
         if i:  # the first pass is warm-up
             walls.append(w1 - w0)
             cpus.append(c1 - c0)
-    return {"wall": min(walls), "cpu": min(cpus), "mem": _max_rss_bytes() - rss0, "act": sum(saved.values())}
+    return {
+        "wall": min(walls),
+        "cpu": min(cpus),
+        "mem": _max_rss_bytes() - rss0,
+        "act": sum(saved.values()),
+    }
 
 
 def measure(cfg: dict, world: int) -> list[dict]:
@@ -71,7 +81,9 @@ def measure(cfg: dict, world: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv-heads", type=int, default=8)
@@ -79,13 +91,21 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     args = ap.parse_args()
-    base = dict(seq=args.seq, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, iters=args.iters)
+    base = dict(
+        seq=args.seq,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        iters=args.iters,
+    )
     print(
         f"ring attention, causal, fp32, S={args.seq}, H={args.heads}, KV heads={args.kv_heads}, "
         f"D={args.head_dim}, kernel={attention_backend('cpu', torch.float32)}, 1 thread per rank, "
         f"{args.iters} timed iterations (fastest)"
     )
-    single = measure({**base, "layout": "contiguous", "overlap": True}, 1)[0]  # measured again at the end
+    single = measure({**base, "layout": "contiguous", "overlap": True}, 1)[
+        0
+    ]  # measured again at the end
     print(
         f"single process, whole sequence: fwd+bwd {single['cpu']:.3f} s cpu ({single['wall']:.3f} s wall), "
         f"activations {single['act'] / 2**20:.1f} MiB, peak RSS growth {single['mem'] / 2**20:.1f} MiB"
@@ -109,7 +129,9 @@ def main() -> None:
             }
             if layout == "zigzag":
                 no_overlap = measure({**base, "layout": layout, "overlap": False}, world)
-                row["wall no-overlap/overlap"] = max(r["wall"] for r in no_overlap) / row["max wall s"]
+                row["wall no-overlap/overlap"] = (
+                    max(r["wall"] for r in no_overlap) / row["max wall s"]
+                )
             rows.append(row)
     again = measure({**base, "layout": "contiguous", "overlap": True}, 1)[0]
     print(
@@ -135,7 +157,9 @@ def main() -> None:
     ]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for row in rows:
-        cells = [f"{row[c]:.3f}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in cols]
+        cells = [
+            f"{row[c]:.3f}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in cols
+        ]
         print("| " + " | ".join(cells) + " |")
     print(
         f"\nact = bytes autograd keeps from forward to backward (activations); peak = peak RSS growth of the "

@@ -20,8 +20,8 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from tests.dist import run_distributed
+
 from workers.attention.plan import Documents, ring_plan
 from workers.attention.ring import _ring_attention
 
@@ -67,7 +67,9 @@ def split_vs_mask(seq: int, h: int, d: int, mean: int, iters: int) -> tuple[floa
     bhsd = [t.transpose(1, 2) for t in (q, k, v, dout)]
 
     def masked() -> None:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*bhsd[:3], 0.0, False, attn_mask=mask)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *bhsd[:3], 0.0, False, attn_mask=mask
+        )
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             bhsd[3], *bhsd[:3], out, lse, 0.0, False, attn_mask=mask
         )
@@ -95,11 +97,15 @@ def _rank_job(rank: int, world: int, cfg: dict) -> float:
 
 def visible_pairs(seq: int, bounds: list[int] | None) -> float:
     docs = None if bounds is None else Documents(((0, 1, tuple(bounds)),))
-    return sum(b.cost() for blocks in ring_plan("contiguous", True, 0, 1, seq, docs) for b in blocks)
+    return sum(
+        b.cost() for blocks in ring_plan("contiguous", True, 0, 1, seq, docs) for b in blocks
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=64)
@@ -109,8 +115,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=2)
     args = ap.parse_args()
     s, h, d = args.seq, args.heads, args.head_dim
-    print(f"packed documents, causal, fp32, S={s}, H={h}, D={d}, 1 thread per rank, fastest of {args.iters}")
-    print("\n1. document-aligned sub-blocks vs one explicit float mask (one process, whole sequence)\n")
+    print(
+        f"packed documents, causal, fp32, S={s}, H={h}, D={d}, 1 thread per rank, fastest of {args.iters}"
+    )
+    print(
+        "\n1. document-aligned sub-blocks vs one explicit float mask (one process, whole sequence)\n"
+    )
     print("| mean doc | documents | split s | mask s | mask/split |\n|---|---|---|---|---|")
     for mean in args.split_docs:
         t_split, t_mask, n_docs = split_vs_mask(s, h, d, mean, args.iters)
@@ -123,7 +133,15 @@ def main() -> None:
         f"\n2. rings, {len(bounds) - 1} documents (mean {args.mean_doc} tokens); one process packed: {single:.3f} s; "
         f"visible pairs packed/dense = {ideal:.3f}\n"
     )
-    cols = ["W", "layout", "per-rank cpu s (packed)", "imbalance", "efficiency", "packed/dense", "dense imbalance"]
+    cols = [
+        "W",
+        "layout",
+        "per-rank cpu s (packed)",
+        "imbalance",
+        "efficiency",
+        "packed/dense",
+        "dense imbalance",
+    ]
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for world in args.worlds:
         for layout in ("contiguous", "zigzag", "striped"):

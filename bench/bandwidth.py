@@ -38,7 +38,21 @@ def setup() -> None:
     for ns in NS:
         sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-    sh("ip", "link", "add", DEV[0], "netns", NS[0], "type", "veth", "peer", "name", DEV[1], "netns", NS[1])
+    sh(
+        "ip",
+        "link",
+        "add",
+        DEV[0],
+        "netns",
+        NS[0],
+        "type",
+        "veth",
+        "peer",
+        "name",
+        DEV[1],
+        "netns",
+        NS[1],
+    )
     for ns, dev, ip in zip(NS, DEV, IPS, strict=True):
         sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
         sh("ip", "-n", ns, "link", "set", dev, "up")
@@ -46,7 +60,10 @@ def setup() -> None:
 
 def shape(rate: str | None) -> None:
     for ns, dev in zip(NS, DEV, strict=True):
-        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+        subprocess.run(
+            ["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
+            capture_output=True,
+        )
         if rate:
             sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst",
                "256kb", "latency", "50ms")  # fmt: skip
@@ -60,7 +77,12 @@ def teardown() -> None:
 def run_pair(args: argparse.Namespace, port: int) -> dict[str, float]:
     procs = []
     for rank, (ns, dev) in enumerate(zip(NS, DEV, strict=True)):
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": dev, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "GLOO_SOCKET_IFNAME": dev,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+        }
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "bench.bandwidth", "--worker", str(rank),
                "--port", str(port), "--seq", str(args.seq), "--iters", str(args.iters)]  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT))
@@ -100,7 +122,9 @@ def worker(rank: int, port: int, seq: int, iters: int) -> None:
 
     def usp() -> None:
         q, k, v = (usp_shard_sequence(t, 1, "zigzag", pair, one).requires_grad_() for t in full)
-        usp_attention(q, k, v, causal=True, layout="zigzag", ulysses_group=pair, ring_group=one).sum().backward()
+        usp_attention(
+            q, k, v, causal=True, layout="zigzag", ulysses_group=pair, ring_group=one
+        ).sum().backward()
 
     kv_bytes = 2 * (seq // 2) * h * d * 4  # one rank's K and V
     buf = torch.zeros(3 * kv_bytes // 4)  # forward K/V, backward K/V and dK/dV
@@ -108,10 +132,17 @@ def worker(rank: int, port: int, seq: int, iters: int) -> None:
     def transfer() -> None:
         other = 1 - rank
         got = torch.empty_like(buf)
-        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, other), dist.P2POp(dist.irecv, got, other)]):
+        for w in dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, buf, other), dist.P2POp(dist.irecv, got, other)]
+        ):
             w.wait()
 
-    out = {"ring_s": timed(ring), "transfer_s": timed(transfer), "usp_s": timed(usp), "kv_mb": kv_bytes / 1e6}
+    out = {
+        "ring_s": timed(ring),
+        "transfer_s": timed(transfer),
+        "usp_s": timed(usp),
+        "kv_mb": kv_bytes / 1e6,
+    }
     if rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -137,7 +168,11 @@ def main() -> None:
         for i, rate in enumerate(args.rates):
             shape(rate)
             r = run_pair(args, args.port + 1 + i)
-            hidden = (compute + r["transfer_s"] - r["ring_s"]) / r["transfer_s"] if r["transfer_s"] > 0 else 0.0
+            hidden = (
+                (compute + r["transfer_s"] - r["ring_s"]) / r["transfer_s"]
+                if r["transfer_s"] > 0
+                else 0.0
+            )
             rows.append((rate, r, hidden))
         print(f"seq {args.seq}, 2 ranks, fp32, H=8, D=64, causal zigzag; median of {args.iters}; "
               f"K/V per rank {base['kv_mb']:.1f} MB")  # fmt: skip

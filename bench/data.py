@@ -91,10 +91,14 @@ def write_bpe(out: Path, sample: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=2000, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=2000,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     with sample.open() as f:
-        tok.train_from_iterator([json.loads(line)["text"] for _, line in zip(range(200), f, strict=False)], trainer)
+        tok.train_from_iterator(
+            [json.loads(line)["text"] for _, line in zip(range(200), f, strict=False)], trainer
+        )
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(out)
     return out
 
@@ -113,7 +117,9 @@ def prepare_in_subprocess(src: Path, out: Path, tokenizer: str, cpus: int) -> fl
         "print(json.dumps({'seconds': time.perf_counter() - t}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=ROOT
+    )
     return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
 
 
@@ -163,7 +169,9 @@ def main() -> None:
     ap.add_argument("--throughput-mb", type=float, default=30.0)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--skip-text", action="store_true", help="do not run the kind: text reference")
-    ap.add_argument("--throughput-only", action="store_true", help="only the prepare throughput table")
+    ap.add_argument(
+        "--throughput-only", action="store_true", help="only the prepare throughput table"
+    )
     ap.add_argument("--work", default="/tmp/ringtrain-bench-data")
     args = ap.parse_args()
     work = Path(args.work)
@@ -206,13 +214,17 @@ def main() -> None:
             )
             seconds, peak = first_step(spec_for(f"{kind}-{label}", data), work)
             rows.append((kind, label, corpus.stat().st_size / 1e6, seconds, peak))
-    print("| data.kind | corpus MB | launch -> step 1 (s) | rank peak RSS (GB) |\n|---|---|---|---|")
+    print(
+        "| data.kind | corpus MB | launch -> step 1 (s) | rank peak RSS (GB) |\n|---|---|---|---|"
+    )
     for kind, _, mb, seconds, peak in rows:
         print(f"| {kind} | {mb:.0f} | {seconds:.1f} | {peak / 1e9:.2f} |")
     for kind in kinds:
         small = next(r for r in rows if r[0] == kind and r[1] == "small")
         large = next(r for r in rows if r[0] == kind and r[1] == "large")
-        print(f"\n{kind}: large/small start time {large[3] / small[3]:.2f}x, peak RSS {large[4] / small[4]:.2f}x")
+        print(
+            f"\n{kind}: large/small start time {large[3] / small[3]:.2f}x, peak RSS {large[4] / small[4]:.2f}x"
+        )
     for label, (_, seconds) in corpora.items():
         print(f"prepare ({label}, bytes, 2 CPUs, Ray start included): {seconds:.1f} s")
 

@@ -21,21 +21,34 @@ import ctypes
 import re
 from pathlib import Path
 
-from service.planner import memory_estimate
 from tests.dist import run_distributed
+
+from service.planner import memory_estimate
 from workers.config import JobSpec
 
 GIB = 1 << 30
 
 
-def _spec(args: argparse.Namespace, world: int, seq: int, ac: bool = False, steps: int = 2) -> JobSpec:
+def _spec(
+    args: argparse.Namespace, world: int, seq: int, ac: bool = False, steps: int = 2
+) -> JobSpec:
     return JobSpec.model_validate(
         {
             "name": "fsdp-bench",
-            "model": {"d_model": args.d_model, "n_layers": args.layers, "n_heads": 16, "n_kv_heads": 4},
+            "model": {
+                "d_model": args.d_model,
+                "n_layers": args.layers,
+                "n_heads": 16,
+                "n_kv_heads": 4,
+            },
             "data": {"kind": "passkey", "seq_len": seq},
             "parallel": {"ring_size": world, "layout": "zigzag"},
-            "train": {"steps": steps, "batch_size": 1, "warmup_steps": 0, "activation_checkpointing": ac},
+            "train": {
+                "steps": steps,
+                "batch_size": 1,
+                "warmup_steps": 0,
+                "activation_checkpointing": ac,
+            },
             "checkpoint": {"every_steps": 0},
             "eval": {"enabled": False},
         }
@@ -92,21 +105,30 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--budget-gib", type=float, default=6.0)
-    parser.add_argument("--skip-long", action="store_true", help="do not run the longest-sequence step")
+    parser.add_argument(
+        "--skip-long", action="store_true", help="do not run the longest-sequence step"
+    )
     args = parser.parse_args()
     params = memory_estimate(_spec(args, 1, args.seq))["param_count"]
     print(f"model: {args.layers} layers × d_model {args.d_model}: {params / 1e6:.0f}M parameters")
-    print("| ranks | seq | AC | state/rank GiB | peak/rank GiB | estimate GiB | est. error | step s |")
+    print(
+        "| ranks | seq | AC | state/rank GiB | peak/rank GiB | estimate GiB | est. error | step s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for world in (1, 2, 4):
         spec = _spec(args, world, args.seq)
-        print(_row(spec, run_distributed(_rank, world, spec.model_dump_json(), timeout=3600)), flush=True)
+        print(
+            _row(spec, run_distributed(_rank, world, spec.model_dump_json(), timeout=3600)),
+            flush=True,
+        )
     budget = args.budget_gib * GIB
     longest = {w: longest_seq(args, w, budget) for w in (1, 4)}
     print(f"longest sequence under {args.budget_gib:g} GiB/rank (planner, AC on): {longest}")
     if not args.skip_long and longest[4]:
         spec = _spec(args, 4, longest[4], ac=True, steps=1)
-        print(_row(spec, run_distributed(_rank, 4, spec.model_dump_json(), timeout=3600)), flush=True)
+        print(
+            _row(spec, run_distributed(_rank, 4, spec.model_dump_json(), timeout=3600)), flush=True
+        )
 
 
 if __name__ == "__main__":

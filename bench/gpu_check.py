@@ -27,7 +27,9 @@ def _ref(q, k, v, cu=None):  # type: ignore[no-untyped-def]
     sc = torch.einsum("bqkgd,bskd->bkgqs", qg, k.double()) * d**-0.5
     hidden = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
     if cu is not None:
-        ids = torch.searchsorted(cu.to(q.device).long(), torch.arange(s, device=q.device), right=True)
+        ids = torch.searchsorted(
+            cu.to(q.device).long(), torch.arange(s, device=q.device), right=True
+        )
         hidden |= ids[:, None] != ids[None, :]
     sc = sc.masked_fill(hidden, float("-inf"))
     return torch.einsum("bkgqs,bskd->bqkgd", sc.softmax(-1), v.double()).reshape(b, s, h, d)
@@ -42,7 +44,10 @@ def _grads_vs_ref(fn, q, k, v, cu=None) -> list[float]:  # type: ignore[no-untyp
     qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = _ref(qr, kr, vr, cu)
     ref.backward(g.double())
-    return [_rel(a, b) for a, b in ((out, ref), (qx.grad, qr.grad), (kx.grad, kr.grad), (vx.grad, vr.grad))]
+    return [
+        _rel(a, b)
+        for a, b in ((out, ref), (qx.grad, qr.grad), (kx.grad, kr.grad), (vx.grad, vr.grad))
+    ]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -62,25 +67,38 @@ def _timed(fn, iters: int = 5) -> float:  # type: ignore[no-untyped-def]
 def single() -> None:
     dev = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print(f"capability {torch.cuda.get_device_capability()}, flash-attn importable: {flash_attn_available()}")
+    print(
+        f"capability {torch.cuda.get_device_capability()}, flash-attn importable: {flash_attn_available()}"
+    )
     cu = torch.tensor([0, 1, 100, 101, 700, 1024], dtype=torch.int32)
     for backend in CUDA_BACKENDS:
         if backend == "flash_attn" and not flash_attn_available():
             print(f"exactness {backend:17s} skipped (not installed)")
             continue
         os.environ["RINGTRAIN_ATTN_BACKEND"] = backend
-        for dtype in (torch.bfloat16, torch.float32) if backend == "torch_math" else (torch.bfloat16,):
+        for dtype in (
+            (torch.bfloat16, torch.float32) if backend == "torch_math" else (torch.bfloat16,)
+        ):
             for d in (64, 20):
                 q, k, v = (torch.randn(1, 1024, n, d, device=dev, dtype=dtype) for n in (8, 2, 2))
                 for docs in (None, cu):
                     try:
                         errs = _grads_vs_ref(
-                            lambda a, b, c, docs=docs: ring_attention(a, b, c, cu_seqlens=docs), q, k, v, docs
+                            lambda a, b, c, docs=docs: ring_attention(a, b, c, cu_seqlens=docs),
+                            q,
+                            k,
+                            v,
+                            docs,
                         )
-                        msg = " ".join(f"{n}={e:.1e}" for n, e in zip(("out", "dq", "dk", "dv"), errs, strict=True))
+                        msg = " ".join(
+                            f"{n}={e:.1e}"
+                            for n, e in zip(("out", "dq", "dk", "dv"), errs, strict=True)
+                        )
                     except Exception as e:  # report every backend, not just the first failure
                         msg = f"FAILED {type(e).__name__}: {e}"
-                    print(f"exactness {backend:17s} {dtype!s:15s} d={d:3d} packed={docs is not None!s:5s} {msg}")
+                    print(
+                        f"exactness {backend:17s} {dtype!s:15s} d={d:3d} packed={docs is not None!s:5s} {msg}"
+                    )
         del os.environ["RINGTRAIN_ATTN_BACKEND"]
     print(
         f"selected: bf16 d=64 {attention_backend(dev, torch.bfloat16, 64)}, d=320 "
@@ -88,7 +106,10 @@ def single() -> None:
     )
     s, h, d = 8192, 32, 128
     flops = 3.5 * 2 * 2 * s * s * h * d / 2  # fwd (2 matmuls) + bwd (2.5×), causal half
-    q, k, v = (torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(1, s, h, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
     g = torch.randn_like(q)
 
     def ours() -> None:
@@ -115,20 +136,32 @@ def varlen_vs_blocks() -> None:
         return
     dev = torch.device("cuda")
     s, h, d = 8192, 16, 128
-    q, k, v = (torch.randn(1, s, n, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for n in (h, 4, 4))
+    q, k, v = (
+        torch.randn(1, s, n, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        for n in (h, 4, 4)
+    )
     g = torch.randn_like(q)
-    rows = ["| documents | varlen ms | per-piece ms | ratio | varlen err out/dq |", "|---|---|---|---|---|"]
+    rows = [
+        "| documents | varlen ms | per-piece ms | ratio | varlen err out/dq |",
+        "|---|---|---|---|---|",
+    ]
     for n_docs in (4, 64, 512):
         cu = torch.linspace(0, s, n_docs + 1).round().to(torch.int32)
         times, errs = {}, "-"
         for mode in ("", "off"):
             os.environ["RINGTRAIN_ATTN_VARLEN"] = mode
             try:
-                times[mode] = _timed(lambda cu=cu: ring_attention(q, k, v, cu_seqlens=cu).backward(g))
+                times[mode] = _timed(
+                    lambda cu=cu: ring_attention(q, k, v, cu_seqlens=cu).backward(g)
+                )
                 if mode == "" and n_docs == 64:
                     small = [t[:, :2048].detach() for t in (q, k, v)]
                     head = cu[cu <= 2048]
-                    e = _grads_vs_ref(lambda a, b, c, head=head: ring_attention(a, b, c, cu_seqlens=head), *small, head)
+                    e = _grads_vs_ref(
+                        lambda a, b, c, head=head: ring_attention(a, b, c, cu_seqlens=head),
+                        *small,
+                        head,
+                    )
                     errs = f"{e[0]:.1e}/{e[1]:.1e}"
             except Exception as e:  # report, keep going
                 times[mode] = float("nan")
@@ -148,10 +181,15 @@ def ring() -> None:
     for layout in ("contiguous", "zigzag", "striped"):
         gen = torch.Generator(device=dev).manual_seed(0)
         small = 1024 * world  # exactness at a size whose float64 reference fits in memory
-        q, k, v = (torch.randn(1, small, n, 64, device=dev, dtype=torch.bfloat16, generator=gen) for n in (8, 2, 2))
+        q, k, v = (
+            torch.randn(1, small, n, 64, device=dev, dtype=torch.bfloat16, generator=gen)
+            for n in (8, 2, 2)
+        )
         shards = [shard_sequence(t, 1, layout).requires_grad_() for t in (q, k, v)]
         out = ring_attention(*shards, layout=layout)
-        g = torch.randn(q.shape, device=dev, dtype=torch.bfloat16, generator=gen)  # same on every rank
+        g = torch.randn(
+            q.shape, device=dev, dtype=torch.bfloat16, generator=gen
+        )  # same on every rank
         out.backward(shard_sequence(g, 1, layout))
         full = [unshard_sequence(x, 1, layout) for x in (out.detach(), *(t.grad for t in shards))]
         qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
@@ -161,10 +199,13 @@ def ring() -> None:
         err = " ".join(f"{n}={e:.1e}" for n, e in zip(("out", "dq", "dk", "dv"), errs, strict=True))
         s = 4096 * world  # timing: 4k tokens per rank
         loc = [
-            torch.randn(1, s // world, n, 128, device=dev, dtype=torch.bfloat16, requires_grad=True) for n in (32, 8, 8)
+            torch.randn(1, s // world, n, 128, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            for n in (32, 8, 8)
         ]
         gl = torch.randn_like(loc[0])
-        t = _timed(lambda loc=loc, gl=gl, layout=layout: ring_attention(*loc, layout=layout).backward(gl))
+        t = _timed(
+            lambda loc=loc, gl=gl, layout=layout: ring_attention(*loc, layout=layout).backward(gl)
+        )
         times = [torch.zeros(1, device=dev) for _ in range(world)]
         dist.all_gather(times, torch.tensor([t], device=dev))
         if rank == 0:

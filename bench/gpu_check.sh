@@ -9,7 +9,7 @@ PY=${PYTHON:-.venv/bin/python}
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible'" || exit 1
 status=0
 step() { echo "== $*"; "$@" || { echo "== FAILED: $*"; status=1; }; }
-step "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_attention_gpu.py tests/test_attention.py
+step "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/unit/workers/attention/test_attention_gpu.py tests/unit/workers/attention/test_attention.py
 step "$PY" -m bench.gpu_check
 n=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 step "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" -m bench.gpu_check

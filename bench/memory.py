@@ -54,7 +54,9 @@ def knob_fields(knobs: str) -> dict[str, Any]:
     return train
 
 
-def spec_dict(seq: int, ring: int, knobs: str, model: dict[str, Any] | None = None) -> dict[str, Any]:
+def spec_dict(
+    seq: int, ring: int, knobs: str, model: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "name": f"mem-{knobs}-{seq}",
         "model": model or MODEL,
@@ -66,7 +68,9 @@ def spec_dict(seq: int, ring: int, knobs: str, model: dict[str, Any] | None = No
     }
 
 
-def torchrun(spec: dict[str, Any], ring: int, extra: list[str], env: dict[str, str] | None = None) -> list[dict]:
+def torchrun(
+    spec: dict[str, Any], ring: int, extra: list[str], env: dict[str, str] | None = None
+) -> list[dict]:
     """Run the spec on `ring` ranks; return the metric points."""
     with tempfile.TemporaryDirectory() as tmp:
         path, out = Path(tmp) / "spec.yaml", Path(tmp) / "m.jsonl"
@@ -81,7 +85,9 @@ def torchrun(spec: dict[str, Any], ring: int, extra: list[str], env: dict[str, s
         ]
         cmd += ["-m", module, str(path), "--steps", "2", "--metrics-jsonl", str(out), *extra[1:]]
         run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        subprocess.run(cmd, check=True, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.run(
+            cmd, check=True, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -92,7 +98,9 @@ def step2(points: list[dict], name: str) -> float:
 
 def grid(args: argparse.Namespace) -> None:
     first = args.knobs[0]
-    print(f"| knobs | seq | ring | peak/rank GB | estimate GB | est. error | tok/s | tok/s vs {first} |")
+    print(
+        f"| knobs | seq | ring | peak/rank GB | estimate GB | est. error | tok/s | tok/s vs {first} |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     rows: dict[tuple[str, int], tuple[float, float]] = {}
     for knobs in args.knobs:
@@ -131,7 +139,9 @@ def cost(args: argparse.Namespace) -> None:
     print("| knobs | seq | cpu s (fwd+bwd) | tok/s (cpu) | vs none |\n|---|---|---|---|---|")
     for knobs in args.knobs:
         spec = JobSpec.model_validate(spec_dict(args.seq, 1, knobs))
-        trainer = Trainer(spec, checkpoint_dir=None, emit=lambda p: None, device=torch.device("cpu"))
+        trainer = Trainer(
+            spec, checkpoint_dir=None, emit=lambda p: None, device=torch.device("cpu")
+        )
         local = trainer.local_batch()
         best = float("inf")
         for _ in range(args.reps):
@@ -141,7 +151,10 @@ def cost(args: argparse.Namespace) -> None:
             trainer.optimizer.zero_grad(set_to_none=True)
         seconds[knobs] = best
         base = seconds.get("none", best)
-        print(f"| {knobs} | {args.seq} | {best:.2f} | {args.seq / best:.0f} | {base / best:.2f} |", flush=True)
+        print(
+            f"| {knobs} | {args.seq} | {best:.2f} | {args.seq / best:.0f} | {base / best:.2f} |",
+            flush=True,
+        )
         del trainer
 
 
@@ -151,7 +164,9 @@ def breakdown(args: argparse.Namespace) -> None:
         env = {"RINGTRAIN_MALLOC": "glibc"} if malloc == "glibc" else {}
         points = torchrun(spec, args.ring, ["bench.memory", "--breakdown-rank"], env)
         rows = [p for p in points if p["name"].startswith("breakdown/") and p.get("rank", 0) == 0]
-        print(f"\n### allocator: {malloc} (rank 0, seq {args.seq}, ring {args.ring}, {args.knobs[0]})\n")
+        print(
+            f"\n### allocator: {malloc} (rank 0, seq {args.seq}, ring {args.ring}, {args.knobs[0]})\n"
+        )
         print("| part | MB |\n|---|---|")
         for p in rows:
             print(f"| {p['name'][len('breakdown/') :]} | {p['value'] / 1e6:.1f} |")
@@ -182,7 +197,9 @@ def breakdown_rank(spec_path: Path, metrics: Path) -> None:
         positions = local.positions if local.doc_positions is None else local.doc_positions
         hidden = trainer.model.features(local.inputs, positions, cu_seqlens=local.cu_seqlens)
         tracker.phase = "loss"
-        loss = linear_cross_entropy_sum(hidden, trainer.model.output_weight, local.labels, local.weights)
+        loss = linear_cross_entropy_sum(
+            hidden, trainer.model.output_weight, local.labels, local.weights
+        )
         tracker.phase = "backward"
         loss.backward()
     peak = trainer.memory.peak()
@@ -200,7 +217,12 @@ def breakdown_rank(spec_path: Path, metrics: Path) -> None:
         parts[f"  live at peak: {label}"] = nbytes
     with metrics.open("a") as out:
         for name, value in parts.items():
-            out.write(json.dumps({"step": 2, "name": f"breakdown/{name}", "value": float(value), "rank": rank}) + "\n")
+            out.write(
+                json.dumps(
+                    {"step": 2, "name": f"breakdown/{name}", "value": float(value), "rank": rank}
+                )
+                + "\n"
+            )
     dist.destroy_process_group()
     del torch
 
@@ -211,7 +233,9 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--breakdown-rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--grid", action="store_true")
-    parser.add_argument("--cost", action="store_true", help="CPU seconds of fwd+bwd per knob, one rank")
+    parser.add_argument(
+        "--cost", action="store_true", help="CPU seconds of fwd+bwd per knob, one rank"
+    )
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 8192])

@@ -22,7 +22,6 @@ import argparse
 import time
 
 import torch
-
 from tests.dist import run_distributed
 
 RINGS = (1, 2, 4)
@@ -71,9 +70,13 @@ def _worker(rank: int, world: int, layers: int, vocab: int, seqs: list[int], rep
         for rep in range(reps + 1):  # the first is a warm-up (and counts the saved activations)
             model.zero_grad(set_to_none=True)
             t0 = time.process_time()
-            with torch.autograd.graph.saved_tensors_hooks(saved.pack if rep == 0 else lambda t: t, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(
+                saved.pack if rep == 0 else lambda t: t, lambda t: t
+            ):
                 logits = model(inputs, positions)
-                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
+                loss = torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), labels.flatten(), reduction="sum"
+                )
             (loss / seq).backward()
             del logits, loss
             if rep:
@@ -83,7 +86,9 @@ def _worker(rank: int, world: int, layers: int, vocab: int, seqs: list[int], rep
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=32000)
@@ -97,13 +102,17 @@ def main() -> None:
     )
     rows = {}
     for world in RINGS:
-        res = run_distributed(_worker, world, args.layers, args.vocab, seqs, args.reps, timeout=1800)
+        res = run_distributed(
+            _worker, world, args.layers, args.vocab, seqs, args.reps, timeout=1800
+        )
         cpu = {s: max(r[s][0] for r in res) for s in seqs}
         act = {s: max(r[s][1] for r in res) / MIB for s in seqs}
         slope = (act[seqs[1]] - act[seqs[0]]) / (seqs[1] - seqs[0])  # MiB per global token
         intercept = act[seqs[1]] - slope * seqs[1]
         quantum = 2 * world
-        max_seq = int((args.budget_mib - intercept) / slope) // quantum * quantum if slope > 0 else 0
+        max_seq = (
+            int((args.budget_mib - intercept) / slope) // quantum * quantum if slope > 0 else 0
+        )
         rows[world] = (cpu[args.seq], act[args.seq], max_seq)
     cpu1, _, max1 = rows[1]
     head = ("ring", "cpu s/step", "tok/s", "efficiency", "act MiB/rank", "max seq", "ratio")
@@ -111,7 +120,9 @@ def main() -> None:
     for world, (cpu, act, max_seq) in rows.items():
         eff = cpu1 / (world * cpu)
         ratio = max_seq / (world * max1) if max1 else float("nan")
-        print(f"{world:>4} {cpu:>10.3f} {args.seq / cpu:>8.0f} {eff:>10.2f} {act:>12.0f} {max_seq:>8} {ratio:>6.2f}")
+        print(
+            f"{world:>4} {cpu:>10.3f} {args.seq / cpu:>8.0f} {eff:>10.2f} {act:>12.0f} {max_seq:>8} {ratio:>6.2f}"
+        )
 
 
 if __name__ == "__main__":

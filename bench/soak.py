@@ -103,7 +103,9 @@ def run(a: argparse.Namespace, proc: subprocess.Popen, tmp: Path) -> None:
         time.sleep(0.1)
     url = url_file.read_text()
     user = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ALICE}"}, timeout=30)
-    job = user.post("/v1/jobs", json={**TINY_SPEC, "name": "soak", "train": {"steps": 10_000_000}}).json()
+    job = user.post(
+        "/v1/jobs", json={**TINY_SPEC, "name": "soak", "train": {"steps": 10_000_000}}
+    ).json()
     jid = job["id"]
     token_file = tmp / f"ingest-{jid}"
     while not token_file.exists():
@@ -128,7 +130,8 @@ def run(a: argparse.Namespace, proc: subprocess.Popen, tmp: Path) -> None:
     subs: list[list[int]] = [[] for _ in range(a.subscribers)]
     ends: list[list[int]] = [[] for _ in range(a.subscribers)]
     threads = [
-        threading.Thread(target=follow, args=(url, jid, subs[i], ends[i]), daemon=True) for i in range(a.subscribers)
+        threading.Thread(target=follow, args=(url, jid, subs[i], ends[i]), daemon=True)
+        for i in range(a.subscribers)
     ]
     for t in threads:
         t.start()
@@ -161,8 +164,12 @@ def run(a: argparse.Namespace, proc: subprocess.Popen, tmp: Path) -> None:
     stored = user.get(f"/v1/jobs/{jid}/metrics", params={"limit": 1}).json()
     n_stored = _count_points(user, jid)
     # no point is superseded here, so each follower's ids must be exactly 1..last_seq of the `end` message
-    lost_subs = sum(1 for i, ids in enumerate(subs) if not ends[i] or ids != list(range(1, ends[i][0] + 1)))
-    print(f"$ python -m bench.soak --minutes {a.minutes:g} --rate {a.rate:g} --subscribers {a.subscribers}")
+    lost_subs = sum(
+        1 for i, ids in enumerate(subs) if not ends[i] or ids != list(range(1, ends[i][0] + 1))
+    )
+    print(
+        f"$ python -m bench.soak --minutes {a.minutes:g} --rate {a.rate:g} --subscribers {a.subscribers}"
+    )
     print(
         f"ran {time.time() - t0:.0f} s: {step} steps, {points} metric points, {requests} requests, "
         f"{a.subscribers} SSE followers"

@@ -57,7 +57,9 @@ def raytrain_job(spec_json: str, out_path: str, storage: str) -> None:
             if p.name == "loss" and p.step == 1 and not first:
                 first.append(p.time)
 
-        run_training(JobSpec.model_validate_json(config["spec"]), checkpoint_dir=None, emit=emit, max_steps=1)
+        run_training(
+            JobSpec.model_validate_json(config["spec"]), checkpoint_dir=None, emit=emit, max_steps=1
+        )
         if dist.get_rank() == 0:
             Path(config["out"]).write_text(json.dumps({"first_step_time": first[0]}))
 
@@ -125,7 +127,9 @@ def run_raytrain(launcher: Any, spec_json: str, tmp: Path, i: int) -> float:
     try:
         first = _wait_file(out, 300)["first_step_time"]
     except TimeoutError as e:
-        raise RuntimeError(f"Ray Train job did not reach a first step:\n{launcher.logs(sid)[-3000:]}") from e
+        raise RuntimeError(
+            f"Ray Train job did not reach a first step:\n{launcher.logs(sid)[-3000:]}"
+        ) from e
     _wait_finished(launcher, sid)
     return first - t0
 
@@ -138,7 +142,9 @@ def _wait_finished(launcher: Any, sid: str, timeout_s: float = 120) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--raytrain-job", nargs=2, metavar=("OUT", "STORAGE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -146,9 +152,10 @@ def main() -> int:
         raytrain_job(os.environ["RINGTRAIN_BENCH_SPEC"], *args.raytrain_job)
         return 0
 
+    from tests.ray_fixtures import ReportReceiver
+
     from service.local_ray import LocalRayHead
     from service.ray_jobs import RayJobLauncher
-    from tests.ray_fixtures import ReportReceiver
     from workers.config import JobSpec
 
     try:
@@ -156,7 +163,10 @@ def main() -> int:
 
         have_train = True
     except ImportError as e:
-        print(f"note: Ray Train unavailable ({e}); pip install 'ray[train]' to compare", file=sys.stderr)
+        print(
+            f"note: Ray Train unavailable ({e}); pip install 'ray[train]' to compare",
+            file=sys.stderr,
+        )
         have_train = False
 
     spec = JobSpec.model_validate(SPEC)
@@ -169,9 +179,12 @@ def main() -> int:
             for i in range(args.runs):  # interleaved so drift affects both alike
                 results["ringtrain"].append(run_ringtrain(launcher, receiver, spec, tmp, i))
                 if have_train:
-                    results["ray-train TorchTrainer"].append(run_raytrain(launcher, spec.model_dump_json(), tmp, i))
+                    results["ray-train TorchTrainer"].append(
+                        run_raytrain(launcher, spec.model_dump_json(), tmp, i)
+                    )
                 print(
-                    f"run {i + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in results.items() if v),
+                    f"run {i + 1}/{args.runs}: "
+                    + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in results.items() if v),
                     file=sys.stderr,
                 )
         finally:
@@ -188,7 +201,9 @@ def main() -> int:
             med[name] = statistics.median(vals)
             print(f"{name:<26}{med[name]:>10.2f}{min(vals):>10.2f}{max(vals):>10.2f}")
     if len(med) == 2:
-        print(f"ratio ringtrain / ray-train: {med['ringtrain'] / med['ray-train TorchTrainer']:.2f}")
+        print(
+            f"ratio ringtrain / ray-train: {med['ringtrain'] / med['ray-train TorchTrainer']:.2f}"
+        )
     print(f"command: python bench/startup.py --runs {args.runs}")
     return 0
 

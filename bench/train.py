@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from tests.dist import run_distributed
+
 from workers.config import JobSpec
 from workers.training.trainer import run_training
 
@@ -44,7 +44,13 @@ def _spec(world: int, seq: int, ac: bool, steps: int = 2, **train: object) -> Jo
             "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2},
             "data": {"kind": "passkey", "seq_len": seq, "key_digits": 3},
             "parallel": {"ring_size": world, "layout": "zigzag"},
-            "train": {"steps": steps, "batch_size": 1, "lr": 1e-3, "activation_checkpointing": ac, **train},
+            "train": {
+                "steps": steps,
+                "batch_size": 1,
+                "lr": 1e-3,
+                "activation_checkpointing": ac,
+                **train,
+            },
             "checkpoint": {"every_steps": 0},
             "eval": {"enabled": False},
         }
@@ -52,7 +58,9 @@ def _spec(world: int, seq: int, ac: bool, steps: int = 2, **train: object) -> Jo
 
 
 def _rss() -> int:
-    return int(re.search(r"VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+    return (
+        int(re.search(r"VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+    )
 
 
 def _trim() -> None:
@@ -95,7 +103,9 @@ def _rank_job(rank: int, world: int, plan: list[tuple[int, bool]]) -> list[dict]
 def _curve(rank: int, world: int, steps: int, seq: int) -> list[tuple[int, str, float]]:
     torch.set_num_threads(1)
     spec = _spec(world, seq, False, steps=steps, batch_size=4, lr=3e-3, warmup_steps=5)
-    spec = spec.model_copy(update={"eval": spec.eval.model_copy(update={"enabled": True, "samples": 8})})
+    spec = spec.model_copy(
+        update={"eval": spec.eval.model_copy(update={"enabled": True, "samples": 8})}
+    )
     points: list = []
     run_training(spec, checkpoint_dir=None, emit=points.append, device=torch.device("cpu"))
     return [(p.step, p.name, p.value) for p in points if p.name in ("loss", "passkey_acc")]
@@ -107,7 +117,9 @@ def _run(world: int, plan: list[tuple[int, bool]]) -> list[dict]:
     merged = []
     for i, cfg in enumerate(per_rank[0]):
         rows = [r[i] for r in per_rank]
-        merged.append({**cfg, "cpu": max(r["cpu"] for r in rows), "peak": max(r["peak"] for r in rows)})
+        merged.append(
+            {**cfg, "cpu": max(r["cpu"] for r in rows), "peak": max(r["peak"] for r in rows)}
+        )
     return merged
 
 
@@ -119,36 +131,51 @@ def _fit_max_seq(rows: list[dict], budget: float, multiple: int) -> int:
     """Least-squares line peak = a + b·seq through the measurements, solved for peak = budget."""
     xs, ys = [r["seq"] for r in rows], [r["peak"] for r in rows]
     n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
     a = my - b * mx
     return max(multiple, int((budget - a) / b) // multiple * multiple) if n > 1 and b > 0 else 0
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seqs", default="1024,2048,4096", help="sequence lengths measured on every ring")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--seqs", default="1024,2048,4096", help="sequence lengths measured on every ring"
+    )
     ap.add_argument(
         "--budget-mib",
         type=float,
         default=None,
         help="per-rank memory budget for 'max seq' (default: what one process needs at the longest --seqs length)",
     )
-    ap.add_argument("--curve-steps", type=int, default=60, help="passkey training curve length (0: skip)")
+    ap.add_argument(
+        "--curve-steps", type=int, default=60, help="passkey training curve length (0: skip)"
+    )
     args = ap.parse_args()
     seqs = [int(s) for s in args.seqs.split(",")]
     print("$ python -m bench.train " + " ".join(sys.argv[1:]))
-    print("model d_model 64, 2 layers, 4 q / 2 kv heads, vocab 256; batch 1; fp32; one thread per rank; zigzag\n")
+    print(
+        "model d_model 64, 2 layers, 4 q / 2 kv heads, vocab 256; batch 1; fp32; one thread per rank; zigzag\n"
+    )
 
     t0 = time.time()
     table: dict[tuple[int, bool], list[dict]] = {}
     for world in RINGS:
-        plan = [(s * world, ac) for ac in (False, True) for s in seqs]  # the same tokens per rank on every ring
+        plan = [
+            (s * world, ac) for ac in (False, True) for s in seqs
+        ]  # the same tokens per rank on every ring
         _log(f"ring {world}: {len(plan)} configs")
         for row in _run(world, plan):
             table.setdefault((world, row["ac"]), []).append(row)
     budget = args.budget_mib * MIB if args.budget_mib else table[(1, False)][-1]["peak"]
     # Never extrapolate past twice the longest measured length (a noisy fit would run for ages).
-    fits = {(w, ac): min(2 * w * max(seqs), _fit_max_seq(rows, budget, 2 * w * 64)) for (w, ac), rows in table.items()}
+    fits = {
+        (w, ac): min(2 * w * max(seqs), _fit_max_seq(rows, budget, 2 * w * 64))
+        for (w, ac), rows in table.items()
+    }
     for world in RINGS:  # confirm each fitted length by running it
         plan = [(fits[(world, ac)], ac) for ac in (False, True)]
         _log(f"ring {world}: confirming max seq {plan}")
@@ -179,7 +206,9 @@ def main() -> None:
                 f"{r['peak'] / MIB:.1f} |"
             )
 
-    print(f"\nLongest sequence under {budget / MIB:.1f} MiB per rank (fitted, then run at that length):\n")
+    print(
+        f"\nLongest sequence under {budget / MIB:.1f} MiB per rank (fitted, then run at that length):\n"
+    )
     cols = ["ring", "act. ckpt", "max seq", "measured peak/rank MiB", "fits", "ratio vs W × single"]
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for (world, ac), rows in table.items():

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from tests.dist import run_distributed
+
 from workers.config import JobSpec
 
 STEPS = 3

@@ -26,14 +26,18 @@ def train_tokenizer(corpus: Path, vocab_size: int) -> object:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train([str(corpus)], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("out", type=Path)
     ap.add_argument("--family", choices=FAMILIES, default="qwen2")
     ap.add_argument("--corpus", type=Path, default=Path(__file__).parent / "corpus.txt")
@@ -42,7 +46,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--max-position-embeddings", type=int, default=512, help="the 'pretraining' context")
+    ap.add_argument(
+        "--max-position-embeddings", type=int, default=512, help="the 'pretraining' context"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -67,7 +73,9 @@ def main() -> None:
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)  # type: ignore[attr-defined]
     n = sum(p.numel() for p in model.parameters())
-    print(f"wrote a random {args.family} model ({n / 1e6:.2f} M parameters, vocab {len(tokenizer)}) to {args.out}")  # type: ignore[arg-type]
+    print(
+        f"wrote a random {args.family} model ({n / 1e6:.2f} M parameters, vocab {len(tokenizer)}) to {args.out}"
+    )  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -59,9 +59,17 @@ def with_autoscaler(cluster: ClusterInfo, shapes: Sequence[NodeShape]) -> Cluste
     """The cluster plus, per shape, the nodes of that shape the autoscaler may still add (idle, not alive yet)."""
     extra = []
     for i, shape in enumerate(shapes):
-        have = sum(1 for n in cluster.nodes if n.alive and (n.cpus_total, n.gpus_total) == (shape.cpus, shape.gpus))
+        have = sum(
+            1
+            for n in cluster.nodes
+            if n.alive and (n.cpus_total, n.gpus_total) == (shape.cpus, shape.gpus)
+        )
         for k in range(max(0, shape.max_nodes - have)):
-            extra.append(NodeInfo(f"autoscaler-{i}-{k}", "", True, shape.cpus, shape.cpus, shape.gpus, shape.gpus))
+            extra.append(
+                NodeInfo(
+                    f"autoscaler-{i}-{k}", "", True, shape.cpus, shape.cpus, shape.gpus, shape.gpus
+                )
+            )
     return dataclasses.replace(cluster, nodes=[*cluster.nodes, *extra]) if extra else cluster
 
 
@@ -90,7 +98,9 @@ class Demand:
         return self.bundles * self.gpus_per_bundle
 
     def describe(self) -> str:
-        unit = f"{self.cpus_per_bundle:g} CPU" + (f" + {self.gpus_per_bundle:g} GPU" if self.gpus_per_bundle else "")
+        unit = f"{self.cpus_per_bundle:g} CPU" + (
+            f" + {self.gpus_per_bundle:g} GPU" if self.gpus_per_bundle else ""
+        )
         return f"{self.bundles} × ({unit})"
 
 
@@ -136,7 +146,9 @@ def take(d: Demand, nodes: list[Free]) -> None:
 
 
 def free_nodes(
-    cluster: ClusterInfo, placed: Sequence[tuple[str, Demand, int]] = (), pending: Sequence[Demand] = ()
+    cluster: ClusterInfo,
+    placed: Sequence[tuple[str, Demand, int]] = (),
+    pending: Sequence[Demand] = (),
 ) -> list[Free]:
     """Free capacity per alive node: the lower of two views. Ray's own figure (which sees every user of the cluster,
     but lags a placement group by a second or two) and ringtrain's ledger: the node's total less the bundles of jobs
@@ -156,7 +168,8 @@ def free_nodes(
     for d in pending:
         take(d, ledger)
     return [
-        Free(n.node_id, min(n.cpus_free, o.cpus), min(n.gpus_free, o.gpus)) for n, o in zip(alive, ledger, strict=True)
+        Free(n.node_id, min(n.cpus_free, o.cpus), min(n.gpus_free, o.gpus))
+        for n, o in zip(alive, ledger, strict=True)
     ]
 
 
@@ -185,7 +198,9 @@ class Admitted:
 @dataclass
 class Decision:
     start: list[str] = field(default_factory=list)
-    waiting: dict[str, tuple[int, str]] = field(default_factory=dict)  # job id → (queue position, why it waits)
+    waiting: dict[str, tuple[int, str]] = field(
+        default_factory=dict
+    )  # job id → (queue position, why it waits)
     too_big: set[str] = field(default_factory=set)  # waiting jobs the whole cluster cannot hold now
 
 
@@ -193,7 +208,9 @@ def order(queued: Sequence[Queued]) -> list[Queued]:
     return sorted(queued, key=lambda q: (-q.priority, q.created_at, q.job_id))
 
 
-def quota_block(owner: str, d: Demand, usage: tuple[int, float, float], quota: Quota | None) -> str | None:
+def quota_block(
+    owner: str, d: Demand, usage: tuple[int, float, float], quota: Quota | None
+) -> str | None:
     """Why starting one more job of `owner` would break its quota (None: it would not)."""
     if quota is None:
         return None
@@ -242,7 +259,9 @@ def decide(
             why = f"the whole cluster now has room for {room} of its {q.demand.describe()} (nodes lost?)"
             out.too_big.add(q.job_id)
         if why is None:
-            why = quota_block(q.owner, q.demand, usage.get(q.owner, (0, 0.0, 0.0)), quotas.get(q.owner))
+            why = quota_block(
+                q.owner, q.demand, usage.get(q.owner, (0, 0.0, 0.0)), quotas.get(q.owner)
+            )
         if why is None and reserving is not None:
             why = (
                 f"behind job {reserving.job_id}, which has waited over {reserve_after_s:g}s and reserves the capacity "

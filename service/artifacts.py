@@ -103,15 +103,25 @@ def list_artifacts(model: Path) -> list[ArtifactFile]:
 def resolve_artifact(model: Path, name: str) -> Path:
     """The path of one listed file of the model; ArtifactNotFound for anything else (escapes included)."""
     parts = PurePosixPath(name).parts
-    if not name or "\\" in name or "\x00" in name or name.startswith("/") or any(p in ("..", ".") for p in parts):
-        raise ArtifactNotFound(f"{name!r} is not a file of this job's model (paths are relative, without '..')")
+    if (
+        not name
+        or "\\" in name
+        or "\x00" in name
+        or name.startswith("/")
+        or any(p in ("..", ".") for p in parts)
+    ):
+        raise ArtifactNotFound(
+            f"{name!r} is not a file of this job's model (paths are relative, without '..')"
+        )
     if not model.is_dir() or model.is_symlink():
         raise ArtifactNotFound("no exported model: a job's model is written when it succeeds")
     path = model.joinpath(*parts)
     try:
         st = path.lstat()
     except OSError:
-        raise ArtifactNotFound(f"no file {name!r} in this job's model; list them at /artifacts") from None
+        raise ArtifactNotFound(
+            f"no file {name!r} in this job's model; list them at /artifacts"
+        ) from None
     root = model.resolve()
     if not stat.S_ISREG(st.st_mode) or not path.resolve().is_relative_to(root):
         raise ArtifactNotFound(f"{name!r} is not a regular file of this job's model")
@@ -130,11 +140,17 @@ def _read_manifest(path: Path) -> dict[str, dict[str, object]]:
 
 
 def _write_manifest(path: Path, files: list[tuple[ArtifactFile, int]]) -> None:
-    body = {"files": [{"name": f.name, "size": f.size, "mtime_ns": m, "sha256": f.sha256} for f, m in files]}
+    body = {
+        "files": [
+            {"name": f.name, "size": f.size, "mtime_ns": m, "sha256": f.sha256} for f, m in files
+        ]
+    }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(body, indent=1))
         os.replace(tmp, path)
-    except OSError as e:  # a read-only checkpoint volume: the in-memory cache still holds the hashes
+    except (
+        OSError
+    ) as e:  # a read-only checkpoint volume: the in-memory cache still holds the hashes
         log.info("cannot write %s (%s); hashes stay cached in memory", path, e)
         tmp.unlink(missing_ok=True)

@@ -61,9 +61,15 @@ def _group_resources(group: Mapping[str, Any]) -> tuple[float, float]:
     """CPUs and GPUs one pod of the group gives Ray: `rayStartParams` win, else the container's limits (as KubeRay
     derives them)."""
     params = group.get("rayStartParams") or {}
-    limits = ((group["template"]["spec"]["containers"][0].get("resources") or {}).get("limits")) or {}
+    limits = (
+        (group["template"]["spec"]["containers"][0].get("resources") or {}).get("limits")
+    ) or {}
     cpus = _cpus(params["num-cpus"]) if "num-cpus" in params else _cpus(limits.get("cpu", 0))
-    gpus = float(params["num-gpus"]) if "num-gpus" in params else float(limits.get("nvidia.com/gpu", 0))
+    gpus = (
+        float(params["num-gpus"])
+        if "num-gpus" in params
+        else float(limits.get("nvidia.com/gpu", 0))
+    )
     return cpus, gpus
 
 
@@ -75,5 +81,9 @@ def shapes_from_raycluster(rc: Mapping[str, Any]) -> list[NodeShape]:
         cpus, gpus = _group_resources(g)
         if cpus <= 0:
             continue
-        out.append(NodeShape(group=g["groupName"], cpus=cpus, gpus=gpus, max_nodes=int(g.get("maxReplicas", 0))))
+        out.append(
+            NodeShape(
+                group=g["groupName"], cpus=cpus, gpus=gpus, max_nodes=int(g.get("maxReplicas", 0))
+            )
+        )
     return out

@@ -83,7 +83,9 @@ class Controller:
         self._too_big_since.clear()
         self._tasks = [
             asyncio.create_task(self._loop(self.schedule_once, self.settings.scheduler_interval_s)),
-            asyncio.create_task(self._loop(self.reconcile_once, self.settings.reconcile_interval_s)),
+            asyncio.create_task(
+                self._loop(self.reconcile_once, self.settings.reconcile_interval_s)
+            ),
         ]
 
     async def stop(self) -> None:
@@ -153,8 +155,12 @@ class Controller:
         """One pass of the admission queue (`service.admission.decide`) against the cluster as Ray reports it now."""
         try:
             cluster = await asyncio.wait_for(asyncio.to_thread(self.launcher.cluster), timeout=10)
-        except Exception as e:  # Ray unreachable: nothing starts, nothing fails, the queue keeps its order
-            why = f"cannot read the cluster's capacity ({type(e).__name__}: {str(e)[:300]}); waiting"
+        except (
+            Exception
+        ) as e:  # Ray unreachable: nothing starts, nothing fails, the queue keeps its order
+            why = (
+                f"cannot read the cluster's capacity ({type(e).__name__}: {str(e)[:300]}); waiting"
+            )
             ranked = admission.order([self._queued(j, ClusterInfo()) for j in queued])
             waiting = {q.job_id: (i + 1, why) for i, q in enumerate(ranked)}
             await asyncio.to_thread(self.store.jobs.set_queue, waiting)
@@ -225,7 +231,9 @@ class Controller:
         if not task.cancelled() and isinstance(e := task.exception(), Deposed):
             log.warning("job %s: submission abandoned: %s", job_id, e)
         elif not task.cancelled() and (e := task.exception()) is not None:  # e.g. the store is down
-            log.error("job %s: submission failed (%s); the scheduler tries again", job_id, e, exc_info=e)
+            log.error(
+                "job %s: submission failed (%s); the scheduler tries again", job_id, e, exc_info=e
+            )
 
     async def _submit(self, job_id: str, spec: JobSpec, attempt: int, restarts: int = 0) -> None:
         try:
@@ -281,7 +289,9 @@ class Controller:
         tries are counted in the store (so a restarted control plane does not start over). None when the job was
         cancelled meanwhile."""
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(_SubmitRefused), wait=wait_exponential(multiplier=2, max=30), reraise=True
+            retry=retry_if_exception_type(_SubmitRefused),
+            wait=wait_exponential(multiplier=2, max=30),
+            reraise=True,
         )
         return await retrying(self._try_submit, req)
 
@@ -296,7 +306,9 @@ class Controller:
         except Exception as e:  # Ray unreachable, rejected entrypoint, ...
             n = await asyncio.to_thread(self.store.jobs.record_submit_failure, req.job_id)
             msg = f"could not submit the driver to Ray: {type(e).__name__}: {e}"
-            log.warning("job %s: %s (try %d of %d)", req.job_id, msg, n, self.settings.submit_attempts)
+            log.warning(
+                "job %s: %s (try %d of %d)", req.job_id, msg, n, self.settings.submit_attempts
+            )
             if n >= self.settings.submit_attempts:
                 raise _SubmitGaveUp(f"{msg} (gave up after {n} tries)") from e
             raise _SubmitRefused(msg) from e
@@ -352,10 +364,16 @@ class Controller:
             first = self._ended_seen.setdefault(job.id, now)
             if now - first < self.settings.reconcile_grace_s:
                 continue
-            first_line = (info.message or "").strip().splitlines()[:1]  # Ray appends up to 20 kB of driver log
+            first_line = (
+                (info.message or "").strip().splitlines()[:1]
+            )  # Ray appends up to 20 kB of driver log
             detail = f": {first_line[0][:500]}" if first_line else ""
             if job.cancel_requested:
-                await self._end(job.id, JobState.CANCELLED, f"cancelled; driver ended (Ray status {info.status})")
+                await self._end(
+                    job.id,
+                    JobState.CANCELLED,
+                    f"cancelled; driver ended (Ray status {info.status})",
+                )
             elif info.status == DriverStatus.UNKNOWN:
                 # The Ray head was replaced (a restarted `ringtrain serve` starts a fresh private head) or the
                 # job expired there: the checkpoints are still on disk, so the job continues from them.
@@ -364,10 +382,14 @@ class Controller:
                     await self._end(job.id, JobState.FAILED, reason + detail)
             else:
                 reason = f"the driver ended without reporting a final state (Ray status {info.status}{detail})"
-                if info.status == DriverStatus.FAILED:  # crashed or killed: its checkpoints are still there
+                if (
+                    info.status == DriverStatus.FAILED
+                ):  # crashed or killed: its checkpoints are still there
                     if await self._resubmit(job.id, job.submission_id, reason):
                         continue
-                    max_restarts = int((job.spec or {}).get("max_restarts", 0))  # no re-validation: files may be gone
+                    max_restarts = int(
+                        (job.spec or {}).get("max_restarts", 0)
+                    )  # no re-validation: files may be gone
                     reason += f"; no restarts left (max_restarts {max_restarts})"
                 await self._end(job.id, JobState.FAILED, reason)
 
@@ -389,7 +411,9 @@ class Controller:
         if moved:
             log.warning("job %s: %s", job.id, reason)
 
-    async def _resubmit(self, job_id: str, submission_id: str, reason: str, *, counts: bool = True) -> bool:
+    async def _resubmit(
+        self, job_id: str, submission_id: str, reason: str, *, counts: bool = True
+    ) -> bool:
         """A lost driver is a lost rank of a bigger kind: while restarts remain, RETRYING and a new driver (next
         attempt) that resumes from the job's last checkpoint; it reports the step it resumes from."""
         try:

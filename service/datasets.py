@@ -53,7 +53,15 @@ class PrepareRequest:
     text_field: str = "text"
 
     def entrypoint(self, python: str) -> str:
-        args = [self.source, "--tokenizer", self.tokenizer, "--out", self.out, "--format", self.format]
+        args = [
+            self.source,
+            "--tokenizer",
+            self.tokenizer,
+            "--out",
+            self.out,
+            "--format",
+            self.format,
+        ]
         args += ["--text-field", self.text_field, "--json-progress"]
         return " ".join([shlex.quote(python), "-m", PREPARE_MODULE, *map(shlex.quote, args)])
 
@@ -86,9 +94,14 @@ class DatasetService:
         self.engine, self.launcher = engine, launcher
 
     def _client(self) -> Any:
-        address, headers = getattr(self.launcher, "address", None), getattr(self.launcher, "headers", None)
+        address, headers = (
+            getattr(self.launcher, "address", None),
+            getattr(self.launcher, "headers", None),
+        )
         if address is None:
-            raise RuntimeError("preparing datasets on the cluster needs a Ray cluster (RINGTRAIN_RAY_ADDRESS)")
+            raise RuntimeError(
+                "preparing datasets on the cluster needs a Ray cluster (RINGTRAIN_RAY_ADDRESS)"
+            )
         from ray.job_submission import JobSubmissionClient
 
         return JobSubmissionClient(address, headers=dict(headers or {}))
@@ -119,7 +132,9 @@ class DatasetService:
                 metadata={"ringtrain_dataset_id": dataset_id},
             )
         except Exception as e:  # the Jobs API raises RuntimeError, connection errors, ...
-            self._update(dataset_id, state="FAILED", error=f"could not submit the prepare to Ray: {e}")
+            self._update(
+                dataset_id, state="FAILED", error=f"could not submit the prepare to Ray: {e}"
+            )
         found = self.get(dataset_id, owner)
         assert found is not None
         return found
@@ -151,7 +166,10 @@ class DatasetService:
         elif info.status in (DriverStatus.FAILED, DriverStatus.STOPPED) or (
             info.status is DriverStatus.SUCCEEDED and result is None
         ):
-            fields.update(state="FAILED", error=error or info.message or f"the prepare job ended {info.status.value}")
+            fields.update(
+                state="FAILED",
+                error=error or info.message or f"the prepare job ended {info.status.value}",
+            )
         elif info.status is DriverStatus.RUNNING:
             fields["state"] = "RUNNING"
         if fields:
@@ -174,7 +192,11 @@ class DatasetService:
         for i in ids:
             self.refresh(i)
         with Session(self.engine) as s:
-            rows = s.scalars(select(DatasetRow).where(DatasetRow.id.in_(ids)).order_by(DatasetRow.created_at.desc()))
+            rows = s.scalars(
+                select(DatasetRow)
+                .where(DatasetRow.id.in_(ids))
+                .order_by(DatasetRow.created_at.desc())
+            )
             return [as_dict(r) for r in rows]
 
 

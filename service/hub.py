@@ -27,7 +27,9 @@ log = logging.getLogger("ringtrain.hub")
 
 
 class Subscription:
-    def __init__(self, hub: Hub, job_id: str, loop: asyncio.AbstractEventLoop, max_queue: int) -> None:
+    def __init__(
+        self, hub: Hub, job_id: str, loop: asyncio.AbstractEventLoop, max_queue: int
+    ) -> None:
         self.hub = hub
         self.job_id = job_id
         self.loop = loop

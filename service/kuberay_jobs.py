@@ -56,7 +56,10 @@ class KubeAPI:
     @classmethod
     def in_cluster(cls, url: str = "") -> KubeAPI:
         if not url:
-            host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            host, port = (
+                os.environ.get("KUBERNETES_SERVICE_HOST"),
+                os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
+            )
             if not host:
                 raise RuntimeError(
                     "RINGTRAIN_KUBERAY_RAYJOB_TEMPLATE is set but this is not a Kubernetes pod "
@@ -65,11 +68,17 @@ class KubeAPI:
             url = f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}"
         token = SERVICE_ACCOUNT / "token"
         ca = SERVICE_ACCOUNT / "ca.crt"
-        return cls(url, token.read_text().strip() if token.is_file() else "", str(ca) if ca.is_file() else None)
+        return cls(
+            url,
+            token.read_text().strip() if token.is_file() else "",
+            str(ca) if ca.is_file() else None,
+        )
 
     def client(self) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        return httpx.Client(base_url=self.url, headers=headers, verify=self.ca_file or True, timeout=15)
+        return httpx.Client(
+            base_url=self.url, headers=headers, verify=self.ca_file or True, timeout=15
+        )
 
 
 def service_account_namespace() -> str:
@@ -133,7 +142,9 @@ def _shrink_pod(group: dict[str, Any], fraction: float, min_cpus: float) -> None
 def _worker_group(job: dict[str, Any]) -> dict[str, Any]:
     groups = job["spec"]["rayClusterSpec"].get("workerGroupSpecs") or []
     if len(groups) != 1:
-        raise ValueError(f"the RayJob template needs exactly one worker group (the ring's), found {len(groups)}")
+        raise ValueError(
+            f"the RayJob template needs exactly one worker group (the ring's), found {len(groups)}"
+        )
     return dict(groups[0])
 
 
@@ -142,11 +153,15 @@ def pod_shape(job: dict[str, Any]) -> tuple[float, float]:
     group = _worker_group(job)
     limits = group["template"]["spec"]["containers"][0].get("resources", {}).get("limits", {})
     params = group.get("rayStartParams") or {}
-    cpus = _quantity(params["num-cpus"]) if "num-cpus" in params else _quantity(limits.get("cpu", 1))
+    cpus = (
+        _quantity(params["num-cpus"]) if "num-cpus" in params else _quantity(limits.get("cpu", 1))
+    )
     return cpus, _quantity(limits.get(GPU, 0))
 
 
-def rayjob_for(template: dict[str, Any], req: LaunchRequest, *, python: str = "python") -> dict[str, Any]:
+def rayjob_for(
+    template: dict[str, Any], req: LaunchRequest, *, python: str = "python"
+) -> dict[str, Any]:
     """The RayJob that runs one attempt of `req` (a new object; the template is not changed).
 
     The worker group is sized for the ring and nothing more: ⌈ranks ÷ GPUs per pod⌉ fixed replicas (Kueue admits
@@ -155,7 +170,9 @@ def rayjob_for(template: dict[str, Any], req: LaunchRequest, *, python: str = "p
     spec = req.spec
     name = submission_id_for(req.job_id, req.attempt).lower()
     if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
-        raise ValueError(f"job id {req.job_id!r} gives RayJob name {name!r}, not a DNS label of <= {MAX_NAME} chars")
+        raise ValueError(
+            f"job id {req.job_id!r} gives RayJob name {name!r}, not a DNS label of <= {MAX_NAME} chars"
+        )
     job = copy.deepcopy(template)
     meta = job.setdefault("metadata", {})
     meta["name"] = name
@@ -174,7 +191,9 @@ def rayjob_for(template: dict[str, Any], req: LaunchRequest, *, python: str = "p
 
     cpus, gpus = pod_shape(job)
     ranks = spec.world_size
-    uses_gpu = spec.resources.accelerator == "gpu" or (spec.resources.accelerator == "auto" and gpus >= 1)
+    uses_gpu = spec.resources.accelerator == "gpu" or (
+        spec.resources.accelerator == "auto" and gpus >= 1
+    )
     if uses_gpu and gpus < 1:
         raise ValueError("the job asks for GPUs but the RayJob template's worker pods have none")
     per_pod = gpus if uses_gpu else math.floor(cpus / spec.resources.cpus_per_worker)
@@ -220,24 +239,35 @@ def status_of(rayjob: dict[str, Any]) -> DriverInfo:
     if deploy == "Running" and ray_status == "RUNNING":
         return DriverInfo(DriverStatus.RUNNING, why)
     if suspended or deploy in ("Suspended", "Suspending"):
-        return DriverInfo(DriverStatus.PENDING, "waiting for Kueue to admit the RayJob (ClusterQueue quota)")
-    return DriverInfo(DriverStatus.PENDING, why or f"RayJob {deploy or 'created'}; its Ray cluster is starting")
+        return DriverInfo(
+            DriverStatus.PENDING, "waiting for Kueue to admit the RayJob (ClusterQueue quota)"
+        )
+    return DriverInfo(
+        DriverStatus.PENDING, why or f"RayJob {deploy or 'created'}; its Ray cluster is starting"
+    )
 
 
 class KubeRayJobLauncher:
     submitted = (
-        "RayJob {sid} created: it waits for Kueue to admit it (ClusterQueue quota), then KubeRay starts its cluster"
+        "RayJob {sid} created: it waits for Kueue to admit it (ClusterQueue quota), "
+        "then KubeRay starts its cluster"
     )
 
-    def __init__(self, api: KubeAPI, namespace: str, template: dict[str, Any], *, python: str = "python") -> None:
+    def __init__(
+        self, api: KubeAPI, namespace: str, template: dict[str, Any], *, python: str = "python"
+    ) -> None:
         if template.get("kind") != "RayJob":
             raise ValueError(f"the RayJob template is a {template.get('kind')!r}, not a RayJob")
-        pod_shape(template)  # fails now, not on the first job, when the template has no usable worker group
+        pod_shape(
+            template
+        )  # fails now, not on the first job, when the template has no usable worker group
         self.api, self.namespace, self.template, self.python = api, namespace, template, python
         self.path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs"
 
     @classmethod
-    def from_file(cls, template_path: str, *, api_url: str = "", namespace: str = "") -> KubeRayJobLauncher:
+    def from_file(
+        cls, template_path: str, *, api_url: str = "", namespace: str = ""
+    ) -> KubeRayJobLauncher:
         (doc,) = [d for d in yaml.safe_load_all(Path(template_path).read_text()) if d]
         return cls(KubeAPI.in_cluster(api_url), namespace or service_account_namespace(), doc)
 
@@ -251,7 +281,9 @@ class KubeRayJobLauncher:
     # -- Launcher protocol --------------------------------------------------------------------------------------
     def submit(self, req: LaunchRequest) -> str:
         job = rayjob_for(self.template, req, python=self.python)
-        self._call("POST", self.path, (200, 201, 202, 409), json=job)  # 409: this attempt's RayJob exists already
+        self._call(
+            "POST", self.path, (200, 201, 202, 409), json=job
+        )  # 409: this attempt's RayJob exists already
         return str(job["metadata"]["name"])
 
     def find(self, job_id: str, attempt: int) -> str | None:
@@ -261,23 +293,35 @@ class KubeRayJobLauncher:
     def stop(self, submission_id: str) -> None:
         """Delete the RayJob: KubeRay deletes its cluster (and the driver with it); Kueue frees the quota."""
         self._call(
-            "DELETE", f"{self.path}/{submission_id}", (200, 202, 404), params={"propagationPolicy": "Background"}
+            "DELETE",
+            f"{self.path}/{submission_id}",
+            (200, 202, 404),
+            params={"propagationPolicy": "Background"},
         )
 
     def status(self, submission_id: str) -> DriverInfo:
         r = self._call("GET", f"{self.path}/{submission_id}", (200, 404))
         if r.status_code == 404:
-            return DriverInfo(DriverStatus.UNKNOWN, f"RayJob {submission_id} does not exist (deleted, or TTL expired)")
+            return DriverInfo(
+                DriverStatus.UNKNOWN,
+                f"RayJob {submission_id} does not exist (deleted, or TTL expired)",
+            )
         return status_of(r.json())
 
     def logs(self, submission_id: str) -> str:
         """The submitter's log (KubeRay's submitter Job has the RayJob's name): it follows the driver's output."""
         selector = {"labelSelector": f"job-name={submission_id}"}
-        pods = self._call("GET", f"/api/v1/namespaces/{self.namespace}/pods", (200,), params=selector).json()["items"]
+        pods = self._call(
+            "GET", f"/api/v1/namespaces/{self.namespace}/pods", (200,), params=selector
+        ).json()["items"]
         if not pods:
             return ""
         newest = max(pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
-        r = self._call("GET", f"/api/v1/namespaces/{self.namespace}/pods/{newest['metadata']['name']}/log", (200, 400))
+        r = self._call(
+            "GET",
+            f"/api/v1/namespaces/{self.namespace}/pods/{newest['metadata']['name']}/log",
+            (200, 400),
+        )
         return r.text if r.status_code == 200 else ""
 
     def cluster(self) -> ClusterInfo:

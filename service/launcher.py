@@ -24,8 +24,12 @@ class LaunchRequest:
     checkpoint_dir: str
     attempt: int = 0
     placement_timeout_s: float = 600.0
-    restarts: int = 0  # restarts the job already used (earlier drivers): the new driver only gets the rest
-    delivered_through: int = 0  # the store holds every point of steps <= this (the new driver replays the rest)
+    restarts: int = (
+        0  # restarts the job already used (earlier drivers): the new driver only gets the rest
+    )
+    delivered_through: int = (
+        0  # the store holds every point of steps <= this (the new driver replays the rest)
+    )
 
 
 class DriverStatus(StrEnum):
@@ -36,14 +40,21 @@ class DriverStatus(StrEnum):
     STOPPED = "STOPPED"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
-    UNKNOWN = "UNKNOWN"  # the submission id is not known to the cluster (e.g. the head was replaced)
+    UNKNOWN = (
+        "UNKNOWN"  # the submission id is not known to the cluster (e.g. the head was replaced)
+    )
     # Not Ray's: the queue system in front of the cluster (Kueue) took back the resources of a driver it had let
     # start. The driver is gone, the submission is not: when admitted again, it starts the same attempt's driver.
     PREEMPTED = "PREEMPTED"
 
     @property
     def finished(self) -> bool:
-        return self in (DriverStatus.STOPPED, DriverStatus.SUCCEEDED, DriverStatus.FAILED, DriverStatus.UNKNOWN)
+        return self in (
+            DriverStatus.STOPPED,
+            DriverStatus.SUCCEEDED,
+            DriverStatus.FAILED,
+            DriverStatus.UNKNOWN,
+        )
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,9 @@ class LocalRayHead:
             env.pop(var, None)
         token: str | None = None
         if env.get("RAY_AUTH_MODE", "").lower() == "disabled":
-            log.warning("RAY_AUTH_MODE=disabled: the local Ray head runs WITHOUT token authentication")
+            log.warning(
+                "RAY_AUTH_MODE=disabled: the local Ray head runs WITHOUT token authentication"
+            )
         else:
             token = env.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)
             token_path = Path(self.temp_dir) / "auth_token"
@@ -129,7 +131,9 @@ class LocalRayHead:
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
 
-        (gcs, dash, client, agent_http, agent_grpc, metrics, rt_env, node_mgr, obj_mgr) = free_ports(9)
+        (gcs, dash, client, agent_http, agent_grpc, metrics, rt_env, node_mgr, obj_mgr) = (
+            free_ports(9)
+        )
         ray_bin = Path(sys.executable).with_name("ray")
         cmd = [
             str(ray_bin) if ray_bin.exists() else "ray",
@@ -179,7 +183,12 @@ class LocalRayHead:
             self.stop()
             raise
         self.head = head
-        log.info("local Ray head up: jobs %s, gcs %s, temp dir %s", head.jobs_url, head.gcs_address, self.temp_dir)
+        log.info(
+            "local Ray head up: jobs %s, gcs %s, temp dir %s",
+            head.jobs_url,
+            head.gcs_address,
+            self.temp_dir,
+        )
         return head
 
     def _wait_ready(self, head: RayHead) -> None:
@@ -188,7 +197,9 @@ class LocalRayHead:
         last = ""
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"`ray start` exited with {self.proc.returncode}:\n{self._tail()}")
+                raise RuntimeError(
+                    f"`ray start` exited with {self.proc.returncode}:\n{self._tail()}"
+                )
             try:
                 self._get_json(head, "/api/jobs/")
                 nodes = self._get_json(head, "/api/v0/nodes?limit=100")["data"]["result"]["result"]
@@ -201,7 +212,9 @@ class LocalRayHead:
             except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
                 last = str(e)
             time.sleep(0.5)
-        raise TimeoutError(f"Ray head not ready after {self.start_timeout_s}s ({last}):\n{self._tail()}")
+        raise TimeoutError(
+            f"Ray head not ready after {self.start_timeout_s}s ({last}):\n{self._tail()}"
+        )
 
     @staticmethod
     def _get_json(head: RayHead, path: str) -> Any:
@@ -236,7 +249,10 @@ class LocalRayHead:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 

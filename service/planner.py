@@ -35,7 +35,8 @@ With `tiled_mlp`, mlp leaves both columns and costs `working_tile` = mlp per tok
 b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local tokens, L layers,
 d = d_model, d_q = n_heads·head_dim, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads, e =
 head_dim, V = vocab, c = min(LOSS_CHUNK_TOKENS, T). `kept` without checkpointing is compared with autograd's
-own count in tests/test_sharding.py; the totals with measured peaks of every knob in tests/test_memory_plan.py
+own count in tests/unit/workers/training/test_sharding.py; the totals with measured peaks of every
+knob in tests/integration/test_memory_plan.py
 and bench/memory.py (BENCHMARKS.md, "Memory per token"). CUDA terms (bf16 activations and gathered
 parameters, fp32 master shards) follow the code and are unmeasured: the caching allocator's reserve beyond
 live tensors, NCCL's buffers and the pinned host memory of offload are not in `max_memory_allocated`, so
@@ -82,7 +83,9 @@ class Plan:
     nodes_used: int = 0
     memory: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    suggested_parallel: dict[str, int] | None = None  # Ulysses × ring for this cluster's GPUs per node
+    suggested_parallel: dict[str, int] | None = (
+        None  # Ulysses × ring for this cluster's GPUs per node
+    )
 
 
 def block_param_count(spec: JobSpec) -> int:
@@ -98,12 +101,16 @@ def param_count(spec: JobSpec) -> int:
     return m.n_layers * block_param_count(spec) + emb + m.d_model
 
 
-LOSS_CHUNK_TOKENS = 4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service does not import the trainer)
+LOSS_CHUNK_TOKENS = (
+    4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service does not import the trainer)
+)
 
 # Measured on CPU (bench/memory.py --breakdown, BENCHMARKS.md "Memory per token"): the resident size of a rank
 # before its step beyond its training state: interpreter, torch, gloo, the data source.
 CPU_RUNTIME_BYTES = 330 * 10**6
-CPU_RUNTIME_HF_BYTES = 100 * 10**6  # a pretrained model's process also holds transformers' modules (measured)
+CPU_RUNTIME_HF_BYTES = (
+    100 * 10**6
+)  # a pretrained model's process also holds transformers' modules (measured)
 # The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit, measured,
 # in what the backward frees as it consumes saved tensors: bench/memory.py, BENCHMARKS.md "Memory per token".
 
@@ -136,7 +143,9 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
         # frees saved tensors as it consumes them; fitted on the measured marginal bytes per token)
         terms["working"] += rest // 2 + block_mlp
         if tr.offload_activations:
-            terms["offloaded"] = (L - 2) * d if L > 2 else 0  # two block inputs in flight stay on the device
+            terms["offloaded"] = (
+                (L - 2) * d if L > 2 else 0
+            )  # two block inputs in flight stay on the device
     elif mode == "selective":
         terms["kept"] = L * rest  # attention's set; the MLP keeps only its input (in `rest`)
         terms["working"] += block_mlp  # one MLP recomputed in backward
@@ -167,13 +176,17 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
     tile = _tile_tokens(spec, tokens)
     chunk = min(LOSS_CHUNK_TOKENS, tokens)
     parts = {
-        "runtime": (CPU_RUNTIME_BYTES + (CPU_RUNTIME_HF_BYTES if m.kind == "hf" else 0)) if acc == "cpu" else 0,
+        "runtime": (CPU_RUNTIME_BYTES + (CPU_RUNTIME_HF_BYTES if m.kind == "hf" else 0))
+        if acc == "cpu"
+        else 0,
         "params": 4 * P // W,
         "grads": 4 * P // W,
         "adamw": 8 * P // W,
-        "gathered": gathered_bytes * (p_root + 2 * p_block) + 4 * (p_root + p_block),  # 2 blocks, fp32 grads
+        "gathered": gathered_bytes * (p_root + 2 * p_block)
+        + 4 * (p_root + p_block),  # 2 blocks, fp32 grads
         "activations": act_bytes * tokens * (terms["kept"] - terms["offloaded"]),
-        "backward_working_set": act_bytes * (tokens * terms["working"] + tile * terms["working_tile"]),
+        "backward_working_set": act_bytes
+        * (tokens * terms["working"] + tile * terms["working_tile"]),
         "loss": 4 * (2 * chunk * V + V * d + 2 * tokens * d),
         "ring_buffers": act_bytes * tokens * 2 * kvd * 2,
     }

@@ -67,7 +67,11 @@ def driver_environment(req: LaunchRequest) -> dict[str, str]:
         restarts=req.restarts,
         delivered_through=req.delivered_through,
     )
-    return {**driver.to_env(), "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S), "PYTHONUNBUFFERED": "1"}
+    return {
+        **driver.to_env(),
+        "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_S),
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 class RayJobLauncher:
@@ -165,7 +169,9 @@ class RayJobLauncher:
             usage_resp = http.get("/api/cluster_status")
             usage_resp.raise_for_status()
         rows = nodes.json().get("data", {}).get("result", {}).get("result", [])
-        load = (usage_resp.json().get("data", {}).get("clusterStatus") or {}).get("loadMetricsReport") or {}
+        load = (usage_resp.json().get("data", {}).get("clusterStatus") or {}).get(
+            "loadMetricsReport"
+        ) or {}
         usage: dict[str, dict[str, list[float]]] = load.get("usageByNode") or {}
         out = []
         for row in rows:
@@ -175,7 +181,10 @@ class RayJobLauncher:
             alive = row.get("state") == "ALIVE"
 
             def free(
-                key: str, total: dict[str, Any] = total, used: dict[str, list[float]] = used, alive: bool = alive
+                key: str,
+                total: dict[str, Any] = total,
+                used: dict[str, list[float]] = used,
+                alive: bool = alive,
             ) -> float:
                 t = float(total.get(key, 0.0))
                 if not alive:

@@ -15,37 +15,55 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from service.admission import NodeShape, Quota
 
 DEFAULT_TOKEN_FILE = Path("~/.ringtrain/token")
-HASHED_PREFIX = "sha256:"  # an api_tokens key with this prefix is the hex SHA-256 of the token, not the token
+HASHED_PREFIX = (
+    "sha256:"  # an api_tokens key with this prefix is the hex SHA-256 of the token, not the token
+)
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RINGTRAIN_", extra="ignore")
 
     database_url: str = "sqlite:///./ringtrain.db"
-    ray_address: str = Field("", description="Ray dashboard/job API, e.g. http://head:8265; empty = local head")
-    api_tokens: dict[str, str] | None = Field(
-        None, description="JSON object token → owner; a key 'sha256:<64 hex>' is the SHA-256 of a token, not a token"
+    ray_address: str = Field(
+        "", description="Ray dashboard/job API, e.g. http://head:8265; empty = local head"
     )
-    token_file: Path = Field(DEFAULT_TOKEN_FILE, description="where the generated admin token is kept")
+    api_tokens: dict[str, str] | None = Field(
+        None,
+        description="JSON object token → owner; a key 'sha256:<64 hex>' is the SHA-256 of a token, not a token",
+    )
+    token_file: Path = Field(
+        DEFAULT_TOKEN_FILE, description="where the generated admin token is kept"
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     checkpoint_dir: str = "./checkpoints"
     public_url: str = Field("", description="URL drivers POST reports to; default http://host:port")
     placement_timeout_s: float = Field(600.0, gt=0)
-    data_roots: list[str] = Field(default_factory=lambda: ["."], description="allowed roots for data.path")
+    data_roots: list[str] = Field(
+        default_factory=lambda: ["."], description="allowed roots for data.path"
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body on user routes")
-    max_report_bytes: int = Field(16 << 20, ge=1024, description="largest report batch from a driver")
+    max_report_bytes: int = Field(
+        16 << 20, ge=1024, description="largest report batch from a driver"
+    )
     scheduler_interval_s: float = Field(0.5, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
-    reconcile_grace_s: float = Field(15.0, ge=0, description="wait this long for a final report after Ray ends")
-    cancel_grace_s: float = Field(60.0, ge=0, description="force CANCELLED if the driver has not confirmed by then")
+    reconcile_grace_s: float = Field(
+        15.0, ge=0, description="wait this long for a final report after Ray ends"
+    )
+    cancel_grace_s: float = Field(
+        60.0, ge=0, description="force CANCELLED if the driver has not confirmed by then"
+    )
     submit_attempts: int = Field(5, ge=1, description="Ray submission tries before a job fails")
     sse_ping_s: float = Field(15.0, gt=0)
     quotas: dict[str, Quota] = Field(
-        default_factory=dict, description="JSON owner → {max_running_jobs, max_cpus, max_gpus} (admission queue)"
+        default_factory=dict,
+        description="JSON owner → {max_running_jobs, max_cpus, max_gpus} (admission queue)",
     )
     queue_reserve_after_s: float = Field(
-        300.0, ge=0, description="a queued job that waited this long keeps later jobs from starting past it"
+        300.0,
+        ge=0,
+        description="a queued job that waited this long keeps later jobs from starting past it",
     )
     autoscaler_nodes: list[NodeShape] = Field(
         default_factory=list,
@@ -60,14 +78,18 @@ class Settings(BaseSettings):
     kubernetes_api: str = Field(
         "", description="Kueue mode: the Kubernetes API URL (default: the pod's in-cluster one)"
     )
-    kuberay_namespace: str = Field("", description="Kueue mode: namespace of the RayJobs (default: the pod's own)")
+    kuberay_namespace: str = Field(
+        "", description="Kueue mode: namespace of the RayJobs (default: the pod's own)"
+    )
     driver_resources: dict[str, float] = Field(
         default_factory=dict,
         description='JSON object of custom Ray resources per driver (entrypoint_resources), e.g. {"ringtrain_driver": '
         "1}: drivers then run only on nodes that advertise it (KubeRay: the drivers' group, never the head)",
     )
     queue_shrink_grace_s: float = Field(
-        600.0, ge=0, description="a queued job larger than the cluster (nodes lost) fails after waiting this long"
+        600.0,
+        ge=0,
+        description="a queued job larger than the cluster (nodes lost) fails after waiting this long",
     )
     leader_lease_s: float = Field(
         15.0,
@@ -77,20 +99,33 @@ class Settings(BaseSettings):
     )
     log_level: str = "INFO"
     # Opt-in tracking export (service.tracking; needs `pip install 'ringtrain[tracking]'`)
-    mlflow_tracking_uri: str = Field("", description="MLflow tracking URI; every job becomes a run (empty: off)")
+    mlflow_tracking_uri: str = Field(
+        "", description="MLflow tracking URI; every job becomes a run (empty: off)"
+    )
     mlflow_experiment: str = Field("ringtrain", description="MLflow experiment the runs go to")
-    tensorboard_dir: str = Field("", description="TensorBoard event files under <dir>/<job id>/ (empty: off)")
-    tracking_retry_max_s: float = Field(60.0, gt=0, description="longest wait between export retries in an outage")
+    tensorboard_dir: str = Field(
+        "", description="TensorBoard event files under <dir>/<job id>/ (empty: off)"
+    )
+    tracking_retry_max_s: float = Field(
+        60.0, gt=0, description="longest wait between export retries in an outage"
+    )
     # Rate limits: token buckets (sustained requests/s, burst); a rate of 0 switches that limit off.
-    rate_limits: bool = Field(True, description="enforce the rate limits below (off: tests that measure capacity)")
+    rate_limits: bool = Field(
+        True, description="enforce the rate limits below (off: tests that measure capacity)"
+    )
     rate_api_per_s: float = Field(20.0, ge=0, description="per API token, on the user routes")
     rate_api_burst: int = Field(200, ge=1)
-    rate_report_per_s: float = Field(50.0, ge=0, description="per job, on the report route (drivers send ~5/s)")
+    rate_report_per_s: float = Field(
+        50.0, ge=0, description="per job, on the report route (drivers send ~5/s)"
+    )
     rate_report_burst: int = Field(300, ge=1)
-    rate_unauth_per_s: float = Field(2.0, ge=0, description="per client address, requests without a valid token")
+    rate_unauth_per_s: float = Field(
+        2.0, ge=0, description="per client address, requests without a valid token"
+    )
     rate_unauth_burst: int = Field(40, ge=1)
     audit_readers: list[str] = Field(
-        default_factory=lambda: ["admin"], description="owners who may read every owner's audit rows"
+        default_factory=lambda: ["admin"],
+        description="owners who may read every owner's audit rows",
     )
 
     @field_validator("api_tokens", mode="before")
@@ -104,8 +139,15 @@ class Settings(BaseSettings):
         if isinstance(v, dict):
             out = {}
             for token, owner in v.items():
-                if not isinstance(token, str) or len(token) < 8 or not isinstance(owner, str) or not owner:
-                    raise ValueError("api_tokens must map tokens (≥ 8 characters) to non-empty owner names")
+                if (
+                    not isinstance(token, str)
+                    or len(token) < 8
+                    or not isinstance(owner, str)
+                    or not owner
+                ):
+                    raise ValueError(
+                        "api_tokens must map tokens (≥ 8 characters) to non-empty owner names"
+                    )
                 if token.startswith(HASHED_PREFIX):
                     digest = token[len(HASHED_PREFIX) :].lower()
                     if not re.fullmatch(r"[0-9a-f]{64}", digest):
@@ -148,7 +190,10 @@ def ensure_tokens(settings: Settings, *, announce: bool = True) -> dict[str, str
             f.write(token + "\n")
         os.chmod(path, 0o600)
         if announce:
-            print(f"ringtrain: generated admin API token (saved to {path}, mode 0600):\n  {token}", flush=True)
+            print(
+                f"ringtrain: generated admin API token (saved to {path}, mode 0600):\n  {token}",
+                flush=True,
+            )
     elif announce:
         print(f"ringtrain: using the admin API token saved in {path}", flush=True)
     settings.api_tokens = {token: "admin"}

@@ -105,7 +105,9 @@ class MlflowSink:
         # our own retries (tenacity, then back-off) replace the client's long built-in ones
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
-        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the server log is not a console
+        os.environ.setdefault(
+            "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true"
+        )  # the server log is not a console
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
@@ -130,7 +132,9 @@ class MlflowSink:
 
     def runs_of(self, job_id: str) -> list[Any]:
         exp = self._experiment_id()
-        return list(self.client.search_runs([exp], filter_string=f"tags.`ringtrain.job_id` = '{job_id}'"))
+        return list(
+            self.client.search_runs([exp], filter_string=f"tags.`ringtrain.job_id` = '{job_id}'")
+        )
 
     def begin(self, job: JobView) -> None:
         from mlflow.entities import Param
@@ -153,7 +157,9 @@ class MlflowSink:
 
         metrics = [Metric(p.tag, p.value, int(p.time * 1000), p.step) for p in points]
         for i in range(0, len(metrics), 1000):
-            self.client.log_batch(self.runs[job.id], metrics=metrics[i : i + 1000], synchronous=True)
+            self.client.log_batch(
+                self.runs[job.id], metrics=metrics[i : i + 1000], synchronous=True
+            )
 
     def finish(self, job: JobView) -> None:
         run_id = self.runs[job.id]
@@ -184,7 +190,9 @@ class TensorBoardSink:
         from tensorboard.compat.proto.event_pb2 import Event as TbEvent
         from tensorboard.plugins.text.summary_v2 import text_pb
 
-        self.writers[job.id].add_event(TbEvent(wall_time=time.time(), step=0, summary=text_pb(tag, text)))
+        self.writers[job.id].add_event(
+            TbEvent(wall_time=time.time(), step=0, summary=text_pb(tag, text))
+        )
 
     def begin(self, job: JobView) -> None:
         old = self.writers.pop(job.id, None)
@@ -230,7 +238,13 @@ class _SinkWorker:
         flush_s: float,
         retry_max_s: float,
     ) -> None:
-        self.sink, self.store, self.model_path, self.note, self.flush_s = sink, store, model_path, note, flush_s
+        self.sink, self.store, self.model_path, self.note, self.flush_s = (
+            sink,
+            store,
+            model_path,
+            note,
+            flush_s,
+        )
         self.retry_max_s = retry_max_s
         self.cond = threading.Condition()
         self.pending: set[str] = set()
@@ -257,7 +271,9 @@ class _SinkWorker:
         while True:
             with self.cond:
                 while not self.stopping and (not self.pending or time.monotonic() < self.retry_at):
-                    self.cond.wait(max(0.05, self.retry_at - time.monotonic()) if self.pending else None)
+                    self.cond.wait(
+                        max(0.05, self.retry_at - time.monotonic()) if self.pending else None
+                    )
                 if self.stopping:
                     return
             time.sleep(self.flush_s)  # let a burst of reports collect into one batch
@@ -276,7 +292,9 @@ class _SinkWorker:
                 self.busy = False
 
     def _retrying(self) -> Retrying:
-        return Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
+        return Retrying(
+            stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True
+        )
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         for attempt in self._retrying():
@@ -311,7 +329,15 @@ class _SinkWorker:
                 if not rows:
                     break
                 points = [
-                    Point(r.seq, r.step, r.name, r.rank, math.nan if r.value is None else r.value, r.time) for r in rows
+                    Point(
+                        r.seq,
+                        r.step,
+                        r.name,
+                        r.rank,
+                        math.nan if r.value is None else r.value,
+                        r.time,
+                    )
+                    for r in rows
                 ]
                 self._call(self.sink.write, job, points)
                 self.cursor[job_id] = rows[-1].seq
@@ -335,7 +361,9 @@ class _SinkWorker:
                 )
             return False
         if self.failing.pop(job_id, None):
-            self._note(job_id, f"export to {self.sink.name} recovered; everything up to now is exported")
+            self._note(
+                job_id, f"export to {self.sink.name} recovered; everything up to now is exported"
+            )
         return True
 
     def _note(self, job_id: str, line: str) -> None:
@@ -372,7 +400,9 @@ class Exporter:
         retry_max_s: float = 60.0,
     ) -> None:
         self.store = store
-        self.workers = [_SinkWorker(s, store, model_path, note, flush_s, retry_max_s) for s in sinks]
+        self.workers = [
+            _SinkWorker(s, store, model_path, note, flush_s, retry_max_s) for s in sinks
+        ]
 
     def notify(self, job_id: str, events: list[Event]) -> None:
         """Runs under the store's write lock: only marks the job; log-only batches (our own notes) are ignored."""

@@ -1,4 +1,12 @@
-"""Shared test configuration: make the repo importable in spawned processes, skip GPU tests without CUDA."""
+"""Shared test configuration: make the repo importable in spawned processes, mark each test with its
+tier (the first folder under tests/), skip GPU tests without CUDA.
+
+Tiers mirror what a test needs, and folders below `unit/` mirror the code it tests:
+`unit/<package>/` (one package, in-process or a few torch.distributed processes; no Ray cluster
+except where the package itself runs on Ray), `integration/` (the control plane, a real Ray head,
+drivers and ranks together), `browser/` (headless Chromium), `deploy/` (manifests rendered
+offline), `multihost/` (network namespaces). `make test-fast` runs `unit/` without slow tests.
+Helpers shared by several modules live in `support/`."""
 
 from __future__ import annotations
 
@@ -10,18 +18,18 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONPATH", str(ROOT))
 
-from tests.ray_fixtures import ray_head, report_receiver  # noqa: E402, F401  (session Ray head, report receiver)
+from tests.support.ray_fixtures import ray_head, report_receiver  # noqa: E402, F401  (session Ray head, report receiver)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Debian's headless Chromium through Playwright, one per test module; skips only where the binary is missing."""
-    from tests.browser_fixtures import CHROMIUM, CHROMIUM_ARGS, chromium_missing
+    from tests.support.browser_fixtures import CHROMIUM, CHROMIUM_ARGS, chromium_missing
 
     why = chromium_missing()
     if why:
@@ -36,7 +44,14 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+TIERS = ("unit", "integration", "browser", "deploy", "multihost")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
     try:
         import torch
 

@@ -39,7 +39,11 @@ class StrictModel(BaseModel):
             for name, field in cls.model_fields.items():
                 value = data.get(name)
                 if field.annotation in (int, int | None) and isinstance(value, bool | str):
-                    _fail(name, value, f"{name} must be an integer, got {type(value).__name__} {value!r}")
+                    _fail(
+                        name,
+                        value,
+                        f"{name} must be an integer, got {type(value).__name__} {value!r}",
+                    )
         return data
 
 
@@ -52,7 +56,9 @@ class ModelConfig(StrictModel):
     n_layers: int = Field(4, ge=1, le=512)
     n_heads: int = Field(8, ge=1, le=1024)
     n_kv_heads: int | None = Field(None, ge=1, le=1024, description="GQA: defaults to n_heads")
-    ffn_mult: float = Field(4.0, gt=0, le=64, description="SwiGLU hidden = 2/3 · ffn_mult · d_model")
+    ffn_mult: float = Field(
+        4.0, gt=0, le=64, description="SwiGLU hidden = 2/3 · ffn_mult · d_model"
+    )
     rope_theta: float = Field(10000.0, gt=1, le=1e9)
     norm_eps: float = Field(1e-5, gt=0, le=1e-1)
     tie_embeddings: bool = True
@@ -75,7 +81,11 @@ class ModelConfig(StrictModel):
     @model_validator(mode="after")
     def _heads(self) -> ModelConfig:
         if self.d_model % self.n_heads:
-            _fail("d_model", self.d_model, f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            _fail(
+                "d_model",
+                self.d_model,
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})",
+            )
         if self.n_heads % self.kv_heads:
             _fail(
                 "n_kv_heads",
@@ -83,7 +93,11 @@ class ModelConfig(StrictModel):
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})",
             )
         if self.head_dim % 2:
-            _fail("d_model", self.d_model, f"head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE")
+            _fail(
+                "d_model",
+                self.d_model,
+                f"head_dim = d_model / n_heads = {self.head_dim} must be even for RoPE",
+            )
         return self
 
     def spec_problems(self, spec: JobSpec) -> list[tuple[str, Any, str]]:
@@ -110,9 +124,13 @@ class PasskeyData(StrictModel):
 
     kind: Literal["passkey"] = "passkey"
     seq_len: int = Field(4096, ge=64, le=MAX_SEQ_LEN)
-    depth: float | None = Field(None, ge=0.0, le=1.0, description="where the key sits; None = random per sample")
+    depth: float | None = Field(
+        None, ge=0.0, le=1.0, description="where the key sits; None = random per sample"
+    )
     key_digits: int = Field(5, ge=1, le=20)
-    answer_weight: float = Field(1.0, ge=0.0, le=1e4, description="extra loss weight on the answer tokens")
+    answer_weight: float = Field(
+        1.0, ge=0.0, le=1e4, description="extra loss weight on the answer tokens"
+    )
     curriculum: list[CurriculumStage] = Field(
         default_factory=list,
         max_length=32,
@@ -126,7 +144,9 @@ class TextData(StrictModel):
     kind: Literal["text"] = "text"
     seq_len: int = Field(4096, ge=16, le=MAX_SEQ_LEN)
     path: str = Field(..., min_length=1, max_length=4096)
-    text_field: str = Field("text", min_length=1, max_length=256, description="field read from .jsonl/.parquet")
+    text_field: str = Field(
+        "text", min_length=1, max_length=256, description="field read from .jsonl/.parquet"
+    )
     pack: Literal["windows", "documents"] = Field(
         "windows",
         description="windows: the corpus as one token stream cut into seq_len windows; documents: whole documents "
@@ -148,14 +168,19 @@ class TokensData(StrictModel):
 
     kind: Literal["tokens"] = "tokens"
     seq_len: int = Field(4096, ge=16, le=MAX_SEQ_LEN)
-    path: str = Field(..., min_length=1, max_length=4096, description="the directory `data prepare --out` wrote")
+    path: str = Field(
+        ..., min_length=1, max_length=4096, description="the directory `data prepare --out` wrote"
+    )
     pack: Literal["documents", "windows"] = Field(
         "documents",
         description="documents: whole documents packed into each sequence, positions restarting per document, no "
         "attention across documents; windows: the documents as one stream cut into seq_len windows",
     )
     validation: float = Field(
-        0.0, ge=0.0, le=0.5, description="share of documents held out for val_loss at every eval (0: none)"
+        0.0,
+        ge=0.0,
+        le=0.5,
+        description="share of documents held out for val_loss at every eval (0: none)",
     )
 
     @field_validator("path")
@@ -197,10 +222,12 @@ class TrainConfig(StrictModel):
     grad_clip: float = Field(1.0, ge=0, le=1e6, description="0 disables clipping")
     seed: int = Field(0, ge=0, le=2**63 - 1)
     activation_checkpointing: Literal["none", "selective", "full"] = Field(
-        "none", description="recompute in backward: none, selective (each MLP), full (each block); true = full"
+        "none",
+        description="recompute in backward: none, selective (each MLP), full (each block); true = full",
     )
     tiled_mlp: Literal["off", "auto"] | int = Field(
-        "off", description="run each MLP over N sequence tiles (auto: N from the local length); off = 1 tile"
+        "off",
+        description="run each MLP over N sequence tiles (auto: N from the local length); off = 1 tile",
     )
     offload_activations: bool = Field(
         False, description="CUDA: checkpointed block inputs in pinned host memory until backward"
@@ -218,7 +245,9 @@ class TrainConfig(StrictModel):
     @classmethod
     def _tiles(cls, v: Any) -> Any:
         if isinstance(v, bool) or (isinstance(v, int) and not 1 <= v <= MAX_MLP_TILES):
-            raise ValueError(f"tiled_mlp must be off, auto or a tile count in [1, {MAX_MLP_TILES}], got {v!r}")
+            raise ValueError(
+                f"tiled_mlp must be off, auto or a tile count in [1, {MAX_MLP_TILES}], got {v!r}"
+            )
         return v
 
 
@@ -241,8 +270,12 @@ class EvalConfig(StrictModel):
     """Needle-in-a-haystack grid: passkey accuracy per (context length, depth)."""
 
     every_steps: int = Field(0, ge=0, le=10_000_000, description="0 = only after the last step")
-    context_lengths: list[int] | None = Field(None, max_length=32, description="default: [data.seq_len]")
-    depths: list[float] = Field(default_factory=lambda: [0.1, 0.5, 0.9], min_length=1, max_length=32)
+    context_lengths: list[int] | None = Field(
+        None, max_length=32, description="default: [data.seq_len]"
+    )
+    depths: list[float] = Field(
+        default_factory=lambda: [0.1, 0.5, 0.9], min_length=1, max_length=32
+    )
     samples: int = Field(4, ge=1, le=1024, description="passkeys tried per grid cell")
     enabled: bool = True
 
@@ -270,12 +303,16 @@ class VerifyConfig(StrictModel):
 
 class ResourcesConfig(StrictModel):
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
-    cpus_per_worker: float = Field(1.0, ge=1e-4, le=1024, description="≥ 0.0001: Ray's resource granularity")
+    cpus_per_worker: float = Field(
+        1.0, ge=1e-4, le=1024, description="≥ 0.0001: Ray's resource granularity"
+    )
 
 
 PRETRAINED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
-SKIP_FILE_CHECKS = {"check_files": False}  # validation context for specs re-read after submission (see HFModelConfig)
+SKIP_FILE_CHECKS = {
+    "check_files": False
+}  # validation context for specs re-read after submission (see HFModelConfig)
 
 
 class RopeScaling(StrictModel):
@@ -302,8 +339,19 @@ class RopeScaling(StrictModel):
                 if getattr(self, name) is None:
                     _fail(name, None, f"rope_type llama3 needs {name}")
             if self.high_freq_factor <= self.low_freq_factor:  # type: ignore[operator]
-                _fail("high_freq_factor", self.high_freq_factor, "high_freq_factor must exceed low_freq_factor")
-        yarn_only = ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate")
+                _fail(
+                    "high_freq_factor",
+                    self.high_freq_factor,
+                    "high_freq_factor must exceed low_freq_factor",
+                )
+        yarn_only = (
+            "beta_fast",
+            "beta_slow",
+            "attention_factor",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        )
         for name in yarn_only if self.rope_type != "yarn" else ():
             if getattr(self, name) is not None:
                 _fail(name, getattr(self, name), f"{name} applies to rope_type yarn only")
@@ -321,9 +369,15 @@ class HFModelConfig(StrictModel):
 
     kind: Literal["hf"]
     path: str = Field(..., min_length=1, max_length=4096, description="local model directory")
-    rope_scaling: RopeScaling | None = Field(None, description="overrides config.json's RoPE scaling")
-    rope_theta: float | None = Field(None, gt=1, le=1e12, description="overrides config.json's rope_theta")
-    max_position_embeddings: int | None = Field(None, ge=16, le=MAX_SEQ_LEN, description="overrides config.json's")
+    rope_scaling: RopeScaling | None = Field(
+        None, description="overrides config.json's RoPE scaling"
+    )
+    rope_theta: float | None = Field(
+        None, gt=1, le=1e12, description="overrides config.json's rope_theta"
+    )
+    max_position_embeddings: int | None = Field(
+        None, ge=16, le=MAX_SEQ_LEN, description="overrides config.json's"
+    )
 
     @field_validator("path")
     @classmethod
@@ -346,7 +400,9 @@ class HFModelConfig(StrictModel):
             except ValueError as e:
                 _fail("path", self.path, str(e))
             if arch.get("attention_dropout", 0.0):
-                _fail("path", self.path, "attention_dropout must be 0 (ring attention has no dropout)")
+                _fail(
+                    "path", self.path, "attention_dropout must be 0 (ring attention has no dropout)"
+                )
         return self
 
     @property
@@ -362,7 +418,9 @@ class HFModelConfig(StrictModel):
     def overrides(self) -> dict[str, Any]:
         """The spec's RoPE overrides as `pretrained_config` / `load_pretrained` keyword arguments."""
         return {
-            "rope_scaling": self.rope_scaling.model_dump(exclude_none=True) if self.rope_scaling else None,
+            "rope_scaling": self.rope_scaling.model_dump(exclude_none=True)
+            if self.rope_scaling
+            else None,
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
         }
@@ -440,7 +498,9 @@ class HFModelConfig(StrictModel):
         c = self.hf_config
         rp = c["rope_parameters"]
         if rp.get("rope_type", "default") in ROPE_TYPES:
-            original = int(rp.get("original_max_position_embeddings") or c["max_position_embeddings"])
+            original = int(
+                rp.get("original_max_position_embeddings") or c["max_position_embeddings"]
+            )
             return max(int(c["max_position_embeddings"]), int(rp["factor"] * original))
         return int(c["max_position_embeddings"])
 
@@ -454,7 +514,8 @@ class HFModelConfig(StrictModel):
             return int(window)
         layer_types = c.get("layer_types") or (
             ["sliding_attention"] * c["num_hidden_layers"]
-            if c.get("use_sliding_window") and c.get("max_window_layers", 0) < c["num_hidden_layers"]
+            if c.get("use_sliding_window")
+            and c.get("max_window_layers", 0) < c["num_hidden_layers"]
             else []
         )
         return int(window) if "sliding_attention" in layer_types else None
@@ -492,16 +553,29 @@ def read_config_json(path: str) -> dict[str, Any]:
             f"model_type {model_type!r} in {file} is not supported; "
             f"supported families: {', '.join(PRETRAINED_FAMILIES)}"
         )
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+    ):
         if not isinstance(raw.get(key), int) or isinstance(raw.get(key), bool) or raw[key] < 1:
             raise ValueError(f"{file}: {key} must be a positive integer, got {raw.get(key)!r}")
-    heads, kv = raw["num_attention_heads"], raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    heads, kv = (
+        raw["num_attention_heads"],
+        raw.get("num_key_value_heads") or raw["num_attention_heads"],
+    )
     if not isinstance(kv, int) or heads % kv:
-        raise ValueError(f"{file}: num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv})")
+        raise ValueError(
+            f"{file}: num_attention_heads ({heads}) must be divisible by num_key_value_heads ({kv})"
+        )
     rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     rope_type = rp.get("rope_type", rp.get("type", "default")) if isinstance(rp, dict) else None
     if rope_type not in ("default", *ROPE_TYPES):
-        raise ValueError(f"{file}: RoPE type {rope_type!r} is not supported (default, {', '.join(ROPE_TYPES)})")
+        raise ValueError(
+            f"{file}: RoPE type {rope_type!r} is not supported (default, {', '.join(ROPE_TYPES)})"
+        )
     return raw
 
 
@@ -513,13 +587,19 @@ def check_pretrained_dir(path: str) -> None:
     try:
         names = {p.name for p in d.iterdir()} if d.is_dir() else None
     except OSError as e:  # a name too long, no permission, ...: a bad path, not a server error
-        raise ValueError(f"model directory {path[:200]} cannot be read: {e.strerror or e}") from None
+        raise ValueError(
+            f"model directory {path[:200]} cannot be read: {e.strerror or e}"
+        ) from None
     if names is None:
         raise ValueError(f"model directory {path} does not exist")
-    if not any(n.endswith((".safetensors", ".bin")) or n.endswith(".safetensors.index.json") for n in names):
+    if not any(
+        n.endswith((".safetensors", ".bin")) or n.endswith(".safetensors.index.json") for n in names
+    ):
         raise ValueError(f"{path} holds no weights (*.safetensors or *.bin)")
     if not names & {"tokenizer.json", "tokenizer.model", "vocab.json"}:
-        raise ValueError(f"{path} holds no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
+        raise ValueError(
+            f"{path} holds no tokenizer (tokenizer.json, tokenizer.model or vocab.json)"
+        )
 
 
 def pretrained_config(
@@ -574,7 +654,9 @@ class JobSpec(StrictModel):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     max_restarts: int = Field(2, ge=0, le=100)
-    priority: int = Field(0, ge=-1000, le=1000, description="higher starts first when jobs wait for capacity")
+    priority: int = Field(
+        0, ge=-1000, le=1000, description="higher starts first when jobs wait for capacity"
+    )
 
     @field_validator("name")
     @classmethod
@@ -598,7 +680,9 @@ class JobSpec(StrictModel):
             _fail("kind", kind, f"model.kind must be {known}, got {kind!r}")
         if isinstance(v, ModelSection):
             return v
-        raise PydanticCustomError("dict_type", "Input should be a valid dictionary (the model section)")
+        raise PydanticCustomError(
+            "dict_type", "Input should be a valid dictionary (the model section)"
+        )
 
     @model_validator(mode="after")
     def _model_fits(self) -> JobSpec:
@@ -629,7 +713,11 @@ class JobSpec(StrictModel):
                 f"parallel.data_parallel ({p.data_parallel})",
             )
         if p.world_size > MAX_WORLD:
-            _fail("parallel.ring_size", p.ring_size, f"ring_size × data_parallel × ulysses_size must be ≤ {MAX_WORLD}")
+            _fail(
+                "parallel.ring_size",
+                p.ring_size,
+                f"ring_size × data_parallel × ulysses_size must be ≤ {MAX_WORLD}",
+            )
         if self.train.offload_activations and self.resources.accelerator == "cpu":
             _fail(
                 "train.offload_activations",
@@ -645,7 +733,11 @@ class JobSpec(StrictModel):
                 "train.activation_checkpointing: full",
             )
         if self.train.warmup_steps > self.train.steps:
-            _fail("train.warmup_steps", self.train.warmup_steps, "train.warmup_steps must be ≤ train.steps")
+            _fail(
+                "train.warmup_steps",
+                self.train.warmup_steps,
+                "train.warmup_steps must be ≤ train.steps",
+            )
         for i, length in enumerate(self.eval.context_lengths or []):
             if length < 64 or length > MAX_SEQ_LEN or length % need:
                 _fail(
@@ -701,7 +793,9 @@ def ulysses_heads_problem(model: ModelSection, ulysses_size: int) -> str | None:
 def _fail(path: str, value: Any, message: str) -> None:
     loc = tuple(int(p) if p.isdigit() else p for p in path.split("."))
     err = PydanticCustomError("spec_rule", message)
-    raise ValidationError.from_exception_data("JobSpec", [InitErrorDetails(type=err, loc=loc, input=value)])
+    raise ValidationError.from_exception_data(
+        "JobSpec", [InitErrorDetails(type=err, loc=loc, input=value)]
+    )
 
 
 def load_spec(text: str) -> JobSpec:
@@ -720,7 +814,10 @@ def load_spec(text: str) -> JobSpec:
                 key = self.construct_object(key_node, deep=True)
                 if isinstance(key, str) and key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r}: each field may appear once", key_node.start_mark
+                        None,
+                        None,
+                        f"duplicate key {key!r}: each field may appear once",
+                        key_node.start_mark,
                     )
                 seen.add(key)
             return super().construct_mapping(node, deep)

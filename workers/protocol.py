@@ -55,7 +55,9 @@ class RankPlacement(_Wire):
     node_id: str
     node_ip: str | None = None
     device: str
-    ring: int = Field(0, ge=0, le=SMALL, description="data-parallel replica this rank's ring belongs to")
+    ring: int = Field(
+        0, ge=0, le=SMALL, description="data-parallel replica this rank's ring belongs to"
+    )
 
 
 class MetricPoint(_Wire):
@@ -132,13 +134,21 @@ class DriverEnv(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RINGTRAIN_", extra="ignore")
 
     job_id: str = Field(min_length=1)
-    control_url: str = Field(min_length=1, description="where the driver reports (POST /v1/jobs/{id}/report)")
-    ingest_token: str = Field(min_length=1, description="this job's report token; never a user's or Ray's")
+    control_url: str = Field(
+        min_length=1, description="where the driver reports (POST /v1/jobs/{id}/report)"
+    )
+    ingest_token: str = Field(
+        min_length=1, description="this job's report token; never a user's or Ray's"
+    )
     checkpoint_dir: str = Field(min_length=1, description="this job's own directory")
     job_spec: JobSpec
     placement_timeout_s: float = Field(600.0, gt=0)
-    attempt: int = Field(0, ge=0, description="driver attempt: > 0 when the control plane resubmitted a lost driver")
-    restarts: int = Field(0, ge=0, description="restarts earlier drivers of this job used; this one gets the rest")
+    attempt: int = Field(
+        0, ge=0, description="driver attempt: > 0 when the control plane resubmitted a lost driver"
+    )
+    restarts: int = Field(
+        0, ge=0, description="restarts earlier drivers of this job used; this one gets the rest"
+    )
     delivered_through: int = Field(
         0,
         ge=0,
@@ -166,6 +176,9 @@ class DriverEnv(BaseSettings):
             )
 
     def to_env(self) -> dict[str, str]:
-        env = {f"RINGTRAIN_{k.upper()}": str(v) for k, v in self.model_dump(exclude={"job_spec"}).items()}
+        env = {
+            f"RINGTRAIN_{k.upper()}": str(v)
+            for k, v in self.model_dump(exclude={"job_spec"}).items()
+        }
         env["RINGTRAIN_JOB_SPEC"] = self.job_spec.model_dump_json()
         return env

@@ -27,11 +27,19 @@ from workers.training.trainer import run_training
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.train", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("spec", type=Path, help="job spec (YAML or JSON)")
-    parser.add_argument("--steps", type=int, default=None, help="stop after this step (default: train.steps)")
-    parser.add_argument("--metrics-jsonl", type=Path, default=None, help="append metric points here")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="checkpoint and resume here")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="stop after this step (default: train.steps)"
+    )
+    parser.add_argument(
+        "--metrics-jsonl", type=Path, default=None, help="append metric points here"
+    )
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, default=None, help="checkpoint and resume here"
+    )
     args = parser.parse_args(argv)
 
     spec = load_spec(args.spec.read_text())
@@ -49,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     out: TextIO | None = None
     if args.metrics_jsonl is not None:
         args.metrics_jsonl.parent.mkdir(parents=True, exist_ok=True)
-        out = args.metrics_jsonl.open("a", buffering=1)  # O_APPEND + line buffering: whole lines from every rank
+        out = args.metrics_jsonl.open(
+            "a", buffering=1
+        )  # O_APPEND + line buffering: whole lines from every rank
     elif rank == 0:
         out = sys.stdout
 
@@ -64,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             out.flush()
 
     try:
-        result = run_training(spec, checkpoint_dir=args.checkpoint_dir, emit=emit, max_steps=args.steps)
+        result = run_training(
+            spec, checkpoint_dir=args.checkpoint_dir, emit=emit, max_steps=args.steps
+        )
         if rank == 0:
             print(
                 f"finished at step {result.final_step}, loss {result.final_loss}, resumed from "

@@ -39,7 +39,9 @@ class ArtifactOut(BaseModel):
     name: str = Field(description="path inside the model directory, POSIX separators")
     size: int
     sha256: str
-    url: str = Field(description="download link signed for this file, valid until `expires_at` (no token needed)")
+    url: str = Field(
+        description="download link signed for this file, valid until `expires_at` (no token needed)"
+    )
 
 
 class ArtifactList(BaseModel):
@@ -92,7 +94,9 @@ def _download_owner(
     ctx: Ctx,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     # Plain strings, checked here: a malformed signed link is an invalid credential (401), never a 422.
-    expires: Annotated[str | None, Query(description="expiry of a signed link (unix seconds)")] = None,
+    expires: Annotated[
+        str | None, Query(description="expiry of a signed link (unix seconds)")
+    ] = None,
     sig: Annotated[str | None, Query(description="signature of a signed link")] = None,
 ) -> str | None:
     """Who downloads: the owner's token, or None for a valid signed link. A dependency, so that like every secured
@@ -103,14 +107,20 @@ def _download_owner(
     when = int(expires) if expires.isascii() and expires.isdigit() and len(expires) <= 18 else -1
     expected = sign(str(job_id), str(path), when).encode() if when >= 0 else b""
     if when < time.time() or not hmac.compare_digest(sig.encode()[:256], expected):
-        raise ApiError(401, "this download link is invalid or expired; list the artifacts again for a new one")
+        raise ApiError(
+            401, "this download link is invalid or expired; list the artifacts again for a new one"
+        )
     return None
 
 
 @router.get(
     "/{job_id}/artifacts/{path:path}",
     response_class=FileResponse,
-    responses={**ERRORS, 206: {"description": "the requested byte range"}, 416: {"description": "bad range"}},
+    responses={
+        **ERRORS,
+        206: {"description": "the requested byte range"},
+        416: {"description": "bad range"},
+    },
 )
 async def download_artifact(
     job_id: JobId, path: str, ctx: Ctx, owner: Annotated[str | None, Depends(_download_owner)]
@@ -121,7 +131,9 @@ async def download_artifact(
     else:
         job = await asyncio.to_thread(ctx.store.jobs.get, job_id, owner)
     try:
-        file = await asyncio.to_thread(resolve_artifact, model_dir(ctx.settings.checkpoint_dir, job_id), path)
+        file = await asyncio.to_thread(
+            resolve_artifact, model_dir(ctx.settings.checkpoint_dir, job_id), path
+        )
     except ArtifactNotFound as e:
         raise _no_model(job_id, job.state, str(e), field="path") from None
     return FileResponse(file, media_type="application/octet-stream", filename=file.name)

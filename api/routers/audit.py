@@ -27,12 +27,16 @@ class AuditOut(BaseModel):
     id: int
     time: datetime
     owner: str = Field(description="who: the owner of the API token used")
-    action: str = Field(description="job.create, job.cancel, or '<METHOD> <route>' for other changing routes")
+    action: str = Field(
+        description="job.create, job.cancel, or '<METHOD> <route>' for other changing routes"
+    )
     method: str
     route: str
     job_id: str | None
     status: int = Field(description="the HTTP status answered")
-    outcome: str = Field(description="ok, already_ended, or the error code answered (validation_error, …)")
+    outcome: str = Field(
+        description="ok, already_ended, or the error code answered (validation_error, …)"
+    )
     client: str = Field(description="the client address the request came from")
 
     @field_validator("time", mode="before")
@@ -43,24 +47,36 @@ class AuditOut(BaseModel):
 
 class AuditPage(BaseModel):
     events: list[AuditOut]
-    next_before: int | None = Field(description="pass as before= for older rows; null when there are none")
+    next_before: int | None = Field(
+        description="pass as before= for older rows; null when there are none"
+    )
 
 
 @router.get("/audit", response_model=AuditPage, responses={**ERRORS, 403: ERRORS[401]})
 async def audit(
     ctx: Ctx,
     me: Owner,
-    job_id: Annotated[str | None, Query(max_length=64, description="only rows about this job")] = None,
-    owner: Annotated[str | None, Query(max_length=200, description="audit readers only: this owner's rows")] = None,
-    before: Annotated[int | None, Query(ge=1, le=2**62, description="only rows with id below this")] = None,
+    job_id: Annotated[
+        str | None, Query(max_length=64, description="only rows about this job")
+    ] = None,
+    owner: Annotated[
+        str | None, Query(max_length=200, description="audit readers only: this owner's rows")
+    ] = None,
+    before: Annotated[
+        int | None, Query(ge=1, le=2**62, description="only rows with id below this")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> AuditPage:
     """Who created or cancelled what, when, from where, and the outcome — your own requests, newest first."""
     reader = me in ctx.settings.audit_readers
     if owner is not None and owner != me and not reader:
-        raise ApiError(403, "only RINGTRAIN_AUDIT_READERS may read other owners' audit rows", field="owner")
+        raise ApiError(
+            403, "only RINGTRAIN_AUDIT_READERS may read other owners' audit rows", field="owner"
+        )
     scope = owner if owner is not None else (None if reader else me)
     rows = await asyncio.to_thread(ctx.store.audit.events, scope, job_id, before, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
-    return AuditPage(events=[AuditOut.model_validate(r) for r in rows], next_before=rows[-1].id if more else None)
+    return AuditPage(
+        events=[AuditOut.model_validate(r) for r in rows], next_before=rows[-1].id if more else None
+    )

@@ -28,7 +28,9 @@ async def plan_job(request: Request, ctx: Ctx, owner: Owner) -> PlanOut:
     check_data_path(spec, ctx.settings.resolved_data_roots())
     cluster_error = None
     try:
-        cluster = admission.with_autoscaler(await ctx.cluster(max_age_s=1.0), ctx.settings.autoscaler_nodes)
+        cluster = admission.with_autoscaler(
+            await ctx.cluster(max_age_s=1.0), ctx.settings.autoscaler_nodes
+        )
     except Exception as e:
         cluster, cluster_error = ClusterInfo(), f"cannot read the cluster: {type(e).__name__}: {e}"
     p = plan(spec, cluster)
@@ -38,7 +40,9 @@ async def plan_job(request: Request, ctx: Ctx, owner: Owner) -> PlanOut:
 
 
 @router.get(
-    "/cluster", response_model=ClusterOut, responses={401: {"model": ErrorResponse}, 503: {"model": ErrorResponse}}
+    "/cluster",
+    response_model=ClusterOut,
+    responses={401: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
 )
 async def get_cluster(ctx: Ctx, owner: Owner) -> ClusterOut:
     """Nodes with CPUs/GPUs free and total."""

@@ -32,12 +32,16 @@ class SeriesOut(BaseModel):
     count: int = Field(description="points stored for this series (before downsampling)")
     downsampled: bool
     step: list[int]
-    value: list[float | None] = Field(description="null where the measured value was NaN or infinite")
+    value: list[float | None] = Field(
+        description="null where the measured value was NaN or infinite"
+    )
 
 
 class SeriesSnapshot(BaseModel):
     job: JobOut
-    last_seq: int = Field(description="everything here is as of this event seq; follow /events?after=last_seq")
+    last_seq: int = Field(
+        description="everything here is as of this event seq; follow /events?after=last_seq"
+    )
     max_points: int
     series: list[SeriesOut]
     logs: list[LogOut]
@@ -47,7 +51,8 @@ def decimate(steps: Any, values: Any, max_points: int) -> tuple[list[int], list[
     """First/min/max/last of each of max_points // 4 equal-count buckets, in their original order."""
     st = np.asarray(steps, dtype=np.int64)
     va = np.asarray(
-        [np.nan if v is None else v for v in values] if isinstance(values, list) else values, dtype=np.float64
+        [np.nan if v is None else v for v in values] if isinstance(values, list) else values,
+        dtype=np.float64,
     )
     n = len(st)
     if n > max_points:
@@ -60,8 +65,12 @@ def decimate(steps: Any, values: Any, max_points: int) -> tuple[list[int], list[
         empty = np.isnan(grid).all(axis=1)
         safe = np.where(empty[:, None], 0.0, grid)  # nanarg* refuse all-NaN rows
         base = np.arange(nb) * k
-        imin = base + np.where(empty, 0, np.nanargmin(np.where(np.isnan(grid), np.inf, safe), axis=1))
-        imax = base + np.where(empty, 0, np.nanargmax(np.where(np.isnan(grid), -np.inf, safe), axis=1))
+        imin = base + np.where(
+            empty, 0, np.nanargmin(np.where(np.isnan(grid), np.inf, safe), axis=1)
+        )
+        imax = base + np.where(
+            empty, 0, np.nanargmax(np.where(np.isnan(grid), -np.inf, safe), axis=1)
+        )
         first, last = base, np.minimum(base + k - 1, n - 1)
         keep = np.unique(np.concatenate([first, imin, imax, last]))
         keep = keep[keep < n]
@@ -69,7 +78,9 @@ def decimate(steps: Any, values: Any, max_points: int) -> tuple[list[int], list[
     return st.tolist(), [None if v != v else v for v in va.tolist()]
 
 
-def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: int) -> SeriesSnapshot:
+def snapshot(
+    ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: int
+) -> SeriesSnapshot:
     store = ctx.store
     job = store.jobs.get(job_id, owner)
     last = job.next_event_seq - 1
@@ -78,17 +89,27 @@ def snapshot(ctx: AppContext, job_id: str, owner: str, max_points: int, n_logs: 
         steps = np.asarray(sr.steps, dtype=np.int64)
         values = np.array(sr.values, dtype=np.float64)  # None → NaN
         values[~np.isfinite(values)] = np.nan
-        if len(steps) > 1 and (np.diff(steps) < 0).any():  # steps out of seq order: sort by step, stable
+        if (
+            len(steps) > 1 and (np.diff(steps) < 0).any()
+        ):  # steps out of seq order: sort by step, stable
             order = np.argsort(steps, kind="stable")
             steps, values = steps[order], values[order]
         s, v = decimate(steps, values, max_points)
         count = len(sr.steps)
-        series.append(SeriesOut(name=sr.name, rank=sr.rank, count=count, downsampled=len(s) < count, step=s, value=v))
+        series.append(
+            SeriesOut(
+                name=sr.name, rank=sr.rank, count=count, downsampled=len(s) < count, step=s, value=v
+            )
+        )
     transitions = [t for t in store.jobs.transitions(job_id) if t.seq <= last]
     tail = store.metrics.log_tail(job_id, through=last, n=n_logs)
     logs = [LogOut.model_validate(r) for r in tail]
     return SeriesSnapshot(
-        job=JobOut.of(job, transitions), last_seq=last, max_points=max_points, series=series, logs=logs
+        job=JobOut.of(job, transitions),
+        last_seq=last,
+        max_points=max_points,
+        series=series,
+        logs=logs,
     )
 
 
@@ -97,8 +118,12 @@ async def job_series(
     job_id: JobId,
     ctx: Ctx,
     owner: Owner,
-    max_points: Annotated[int, Query(ge=16, le=100_000, description="most points returned per series")] = 4000,
-    logs: Annotated[int, Query(ge=0, le=5000, description="how many of the last log lines to include")] = 200,
+    max_points: Annotated[
+        int, Query(ge=16, le=100_000, description="most points returned per series")
+    ] = 4000,
+    logs: Annotated[
+        int, Query(ge=0, le=5000, description="how many of the last log lines to include")
+    ] = 200,
 ) -> SeriesSnapshot:
     """The job, its metric series downsampled to `max_points` each, and its log tail, as of `last_seq`."""
     return await asyncio.to_thread(snapshot, ctx, job_id, owner, max_points, logs)

@@ -26,16 +26,24 @@ from service.datasets import TERMINAL, DatasetService, PrepareRequest
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
-DatasetId = Annotated[str, Path(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$", description="dataset id")]
+DatasetId = Annotated[
+    str, Path(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_-]+$", description="dataset id")
+]
 POLL_S = 0.5
 
 
 class DatasetCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    source: str = Field(..., min_length=1, max_length=4096, description="a .txt/.jsonl/.parquet file or directory")
-    out: str = Field(..., min_length=1, max_length=4096, description="the dataset directory to write")
-    tokenizer: str = Field("bytes", min_length=1, max_length=4096, description="a model directory, or 'bytes'")
+    source: str = Field(
+        ..., min_length=1, max_length=4096, description="a .txt/.jsonl/.parquet file or directory"
+    )
+    out: str = Field(
+        ..., min_length=1, max_length=4096, description="the dataset directory to write"
+    )
+    tokenizer: str = Field(
+        "bytes", min_length=1, max_length=4096, description="a model directory, or 'bytes'"
+    )
     format: Literal["text", "chat"] = "text"
     text_field: str = Field("text", min_length=1, max_length=256)
 
@@ -58,7 +66,9 @@ class DatasetOut(BaseModel):
     format: str
     text_field: str
     progress: DatasetProgress | None
-    dataset_id: str | None = Field(description="the content address of the prepared data (manifest id)")
+    dataset_id: str | None = Field(
+        description="the content address of the prepared data (manifest id)"
+    )
     documents: int | None
     tokens: int | None
     bytes: int | None
@@ -97,7 +107,9 @@ async def create_dataset(request: Request, ctx: Ctx, owner: Owner) -> dict[str, 
     try:
         data = json.loads(await request.body())
     except (ValueError, RecursionError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}", code="malformed_json") from e
+        raise ApiError(
+            400, f"the request body is not valid JSON: {e}", code="malformed_json"
+        ) from e
     try:
         body = DatasetCreate.model_validate(data)
     except ValidationError as e:
@@ -119,7 +131,9 @@ async def list_datasets(request: Request, ctx: Ctx, owner: Owner) -> list[dict[s
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=ERRORS)
-async def get_dataset(dataset_id: DatasetId, request: Request, ctx: Ctx, owner: Owner) -> dict[str, Any]:
+async def get_dataset(
+    dataset_id: DatasetId, request: Request, ctx: Ctx, owner: Owner
+) -> dict[str, Any]:
     found = await asyncio.to_thread(_service(request, ctx).get, dataset_id, owner)
     if found is None:
         raise _not_found(dataset_id)
@@ -128,9 +142,14 @@ async def get_dataset(dataset_id: DatasetId, request: Request, ctx: Ctx, owner: 
 
 @router.get(
     "/{dataset_id}/events",
-    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "an SSE stream of the dataset"}},
+    responses={
+        **ERRORS,
+        200: {"content": {"text/event-stream": {}}, "description": "an SSE stream of the dataset"},
+    },
 )
-async def dataset_events(dataset_id: DatasetId, request: Request, ctx: Ctx, owner: Owner) -> StreamingResponse:
+async def dataset_events(
+    dataset_id: DatasetId, request: Request, ctx: Ctx, owner: Owner
+) -> StreamingResponse:
     """Server-Sent Events: `progress` with the dataset each time it changes, then `done` when it ends."""
     svc = _service(request, ctx)
     if await asyncio.to_thread(svc.get, dataset_id, owner) is None:
@@ -151,4 +170,6 @@ async def dataset_events(dataset_id: DatasetId, request: Request, ctx: Ctx, owne
                 return
             await asyncio.sleep(POLL_S)
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )

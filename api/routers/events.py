@@ -48,7 +48,9 @@ from service.store import Event
 router = APIRouter(prefix="/v1/jobs", tags=["events"])
 
 REPLAY_PAGE = 500
-POLL_S = 5.0  # re-check the store this often even without hub wake-ups (other replicas, missed wake-ups)
+POLL_S = (
+    5.0  # re-check the store this often even without hub wake-ups (other replicas, missed wake-ups)
+)
 
 
 def _sse(e: Event, first: bool = False) -> ServerSentEvent:
@@ -62,7 +64,9 @@ def _sse(e: Event, first: bool = False) -> ServerSentEvent:
 
 async def stream(ctx: AppContext, job_id: str, after: int) -> AsyncIterator[ServerSentEvent]:
     store = ctx.store
-    sub = ctx.hub.subscribe(job_id)  # subscribe before reading the store: nothing can fall in between
+    sub = ctx.hub.subscribe(
+        job_id
+    )  # subscribe before reading the store: nothing can fall in between
     last = after
     first = True
     try:
@@ -79,7 +83,9 @@ async def stream(ctx: AppContext, job_id: str, after: int) -> AsyncIterator[Serv
                 if len(evs) < REPLAY_PAGE:
                     break
             if terminal:
-                yield ServerSentEvent(data=json.dumps({"state": job.state, "last_seq": last}), event="end")
+                yield ServerSentEvent(
+                    data=json.dumps({"state": job.state, "last_seq": last}), event="end"
+                )
                 return
             # live: take events from the hub while they follow on; anything else → back to the store
             need_store = False
@@ -110,13 +116,21 @@ async def stream(ctx: AppContext, job_id: str, after: int) -> AsyncIterator[Serv
 
 @router.get(
     "/{job_id}/events",
-    responses={**ERRORS, 200: {"content": {"text/event-stream": {}}, "description": "an SSE stream (see module docs)"}},
+    responses={
+        **ERRORS,
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "an SSE stream (see module docs)",
+        },
+    },
 )
 async def job_events(
     job_id: JobId,
     ctx: Ctx,
     owner: Owner,
-    after: Annotated[int | None, Query(ge=0, le=2**62, description="replay events with seq > after")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=2**62, description="replay events with seq > after")
+    ] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> EventSourceResponse:
     """State changes, metric points and log lines: replayed from the store, then live."""
@@ -124,4 +138,6 @@ async def job_events(
     start = after or 0
     if last_event_id and last_event_id.strip().isdigit():
         start = max(start, min(int(last_event_id.strip()), 2**62))
-    return EventSourceResponse(stream(ctx, job_id, start), ping=ctx.settings.sse_ping_s, send_timeout=60)
+    return EventSourceResponse(
+        stream(ctx, job_id, start), ping=ctx.settings.sse_ping_s, send_timeout=60
+    )

@@ -23,7 +23,9 @@ from workers.protocol import JobState
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 log = logging.getLogger("ringtrain.api")
 
-JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="job id")]
+JobId = Annotated[
+    str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="job id")
+]
 Seq = Annotated[int, Query(ge=0, le=2**62, description="only entries with seq greater than this")]
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse},
@@ -48,18 +50,26 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo |
     p = plan(spec, cluster)
     if not p.fits:  # with alive nodes, the planner says no only when the whole cluster is too small
         shapes = ctx.settings.autoscaler_nodes
-        limit = f" (counted with what the autoscaler may add: {capacity.growth_limit(shapes)})" if shapes else ""
+        limit = (
+            f" (counted with what the autoscaler may add: {capacity.growth_limit(shapes)})"
+            if shapes
+            else ""
+        )
         raise ApiError(422, p.warnings[0] + limit, field="parallel.ring_size")
     return cluster
 
 
-def check_against_quota(ctx: AppContext, owner: str, spec: JobSpec, cluster: ClusterInfo | None) -> None:
+def check_against_quota(
+    ctx: AppContext, owner: str, spec: JobSpec, cluster: ClusterInfo | None
+) -> None:
     """Reject a job that alone is over its owner's quota: it could never leave the queue."""
     quota = ctx.settings.quotas.get(owner)
     gpu = admission.uses_gpus(spec, cluster or ClusterInfo())
     why = admission.never_within_quota(owner, admission.demand_of(spec, gpu), quota)
     if why is not None:
-        raise ApiError(422, f"the job alone is over its owner's quota: {why}", field="parallel.ring_size")
+        raise ApiError(
+            422, f"the job alone is over its owner's quota: {why}", field="parallel.ring_size"
+        )
 
 
 @router.post(
@@ -67,7 +77,12 @@ def check_against_quota(ctx: AppContext, owner: str, spec: JobSpec, cluster: Clu
     status_code=201,
     response_model=JobOut,
     openapi_extra=SPEC_BODY,
-    responses={**ERRORS, 400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 415: {"model": ErrorResponse}},
+    responses={
+        **ERRORS,
+        400: {"model": ErrorResponse},
+        413: {"model": ErrorResponse},
+        415: {"model": ErrorResponse},
+    },
 )
 async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owner) -> JobOut:
     """Create a job from a spec (JSON, or YAML with `Content-Type: application/yaml`). It starts QUEUED."""
@@ -76,7 +91,9 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
     cluster = await check_against_cluster(ctx, spec)
     check_against_quota(ctx, owner, spec, cluster)
     if cluster is not None and any(n.alive for n in cluster.nodes):  # else resolved at admission
-        spec = capacity.resolve_accelerator(spec, cluster)  # stored: a resubmitted driver never re-decides `auto`
+        spec = capacity.resolve_accelerator(
+            spec, cluster
+        )  # stored: a resubmitted driver never re-decides `auto`
     # the ingest token the driver uses is (re)generated when the job is handed to the launcher
     job = await asyncio.to_thread(ctx.store.jobs.create, owner, spec, secrets.token_urlsafe(32))
     ctx.controller.wake()
@@ -89,7 +106,9 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
 def list_jobs(
     ctx: Ctx,
     owner: Owner,
-    state: Annotated[list[JobState] | None, Query(description="repeat to match several states")] = None,
+    state: Annotated[
+        list[JobState] | None, Query(description="repeat to match several states")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     verification: Annotated[
@@ -116,7 +135,9 @@ async def cancel_job(request: Request, job_id: JobId, ctx: Ctx, owner: Owner) ->
     await ctx.controller.cancel(job_id, owner)
     job = await asyncio.to_thread(ctx.store.jobs.get, job_id, owner)
     if JobState(job.state).terminal and not job.cancel_requested:
-        request.state.audit_outcome = "already_ended"  # the audit row says the cancel changed nothing
+        request.state.audit_outcome = (
+            "already_ended"  # the audit row says the cancel changed nothing
+        )
     return JobOut.of(job, await asyncio.to_thread(ctx.store.jobs.transitions, job_id))
 
 
@@ -127,7 +148,9 @@ def job_metrics(
     owner: Owner,
     after: Seq = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-    name: Annotated[list[str] | None, Query(max_length=50, description="only these metric names")] = None,
+    name: Annotated[
+        list[str] | None, Query(max_length=50, description="only these metric names")
+    ] = None,
 ) -> MetricPage:
     """Metric points in seq order. Page with `after=<next_after>` while `has_more`."""
     ctx.store.jobs.get(job_id, owner)
@@ -161,7 +184,9 @@ async def job_logs(
     driver_log = None
     if driver and job.submission_id:
         try:
-            text = await asyncio.wait_for(asyncio.to_thread(ctx.launcher.logs, job.submission_id), timeout=10)
+            text = await asyncio.wait_for(
+                asyncio.to_thread(ctx.launcher.logs, job.submission_id), timeout=10
+            )
             driver_log = text[-tail_bytes:] if tail_bytes else ""
         except Exception:
             driver_log = None

@@ -27,12 +27,17 @@ from workers.protocol import ReportAck, ReportBatch
 
 
 def _check_ingest(
-    ctx: AppContext, job_id: str, creds: HTTPAuthorizationCredentials | None, address: str = "unknown"
+    ctx: AppContext,
+    job_id: str,
+    creds: HTTPAuthorizationCredentials | None,
+    address: str = "unknown",
 ) -> None:
     if creds is None or not ctx.store.tokens.check(job_id, creds.credentials):
         throttle(ctx, "unauth", address)
         raise ApiError(
-            401, "this route takes the job's ingest token (drivers only)", headers={"WWW-Authenticate": "Bearer"}
+            401,
+            "this route takes the job's ingest token (drivers only)",
+            headers={"WWW-Authenticate": "Bearer"},
         )
     throttle(ctx, "report", job_id)
 
@@ -50,7 +55,9 @@ class IngestAuthRoute(APIRoute):
         async def authenticated(request: Request) -> Response:
             job_id = str(request.path_params.get("job_id", ""))
             creds = await bearer(request)
-            await asyncio.to_thread(_check_ingest, get_ctx(request), job_id, creds, client_address(request))
+            await asyncio.to_thread(
+                _check_ingest, get_ctx(request), job_id, creds, client_address(request)
+            )
             request.state.ingest_job = job_id
             return await handler(request)
 
@@ -61,7 +68,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["reports"], route_class=IngestAuthRo
 
 
 def ingest_auth(
-    request: Request, job_id: JobId, ctx: Ctx, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    request: Request,
+    job_id: JobId,
+    ctx: Ctx,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> str:
     """The job id, once its ingest token is verified (by `IngestAuthRoute`, or here when mounted without it)."""
     if getattr(request.state, "ingest_job", None) != job_id:
@@ -75,7 +85,9 @@ def ingest_auth(
     responses={
         400: {"model": ErrorResponse},
         401: {"model": ErrorResponse},
-        409: {"description": "sequence gap (body has acked_seq), or the job has ended (code job_ended)"},
+        409: {
+            "description": "sequence gap (body has acked_seq), or the job has ended (code job_ended)"
+        },
         429: {"model": ErrorResponse},
         413: {"model": ErrorResponse},
         422: {"model": ErrorResponse},

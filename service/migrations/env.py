@@ -23,7 +23,9 @@ def run() -> None:
         raise RuntimeError("alembic needs a connection (service.db.migrate) or sqlalchemy.url")
     engine = create_engine(url)
     with engine.begin() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+        context.configure(
+            connection=connection, target_metadata=target_metadata, render_as_batch=True
+        )
         with context.begin_transaction():
             context.run_migrations()
 

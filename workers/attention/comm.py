@@ -15,7 +15,9 @@ class RingComm:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+        to_global = (
+            (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+        )
         self.next = to_global((self.rank + 1) % self.world)
         self.prev = to_global((self.rank - 1) % self.world)
         self._reqs: list[dist.Work] = []

@@ -104,11 +104,15 @@ class TorchMath:
         qg = q.to(acc).reshape(b, sq, hk, h // hk, d)
         s = torch.einsum("bqkgd,bskd->bkgqs", qg, k.to(acc)) * scale  # [B, Hk, G, Sq, Sk]
         if causal:
-            s = s.masked_fill(torch.ones(sq, k.shape[1], dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+            s = s.masked_fill(
+                torch.ones(sq, k.shape[1], dtype=torch.bool, device=q.device).triu(1), float("-inf")
+            )
         return s
 
     def forward(self, q, k, v, causal, scale):
-        with torch.autocast(q.device.type, enabled=False):  # else einsum runs in bf16 under autocast
+        with torch.autocast(
+            q.device.type, enabled=False
+        ):  # else einsum runs in bf16 under autocast
             return self._forward(q, k, v, causal, scale)
 
     def backward(self, dout, q, k, v, out, lse, causal, scale):
@@ -232,7 +236,9 @@ def flash_api(kind: str = "") -> FlashApi:
     """`_flash_attn_api(kind)`, or a RuntimeError saying what is missing."""
     api = _flash_attn_api(kind)
     if api is None:
-        raise RuntimeError(f"flash-attn >= 2.6 {kind or 'dense'} kernels are not importable (flash_attn_interface)")
+        raise RuntimeError(
+            f"flash-attn >= 2.6 {kind or 'dense'} kernels are not importable (flash_attn_interface)"
+        )
     return api
 
 
@@ -263,7 +269,9 @@ class FlashAttn:
         return dq[..., :d], dk[..., :d], dv[..., :d]
 
 
-_BACKENDS: dict[str, BlockKernel] = {k.name: k for k in (TorchCpuFlash(), TorchMath(), TorchCudaFlash(), FlashAttn())}
+_BACKENDS: dict[str, BlockKernel] = {
+    k.name: k for k in (TorchCpuFlash(), TorchMath(), TorchCudaFlash(), FlashAttn())
+}
 CUDA_BACKENDS = ("flash_attn", "torch_cuda_flash", "torch_math")
 
 
@@ -306,7 +314,9 @@ def use_kernel(kernel: BlockKernel) -> Iterator[BlockKernel]:
         _IN_USE.remove(kernel)
 
 
-def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int | None = None) -> BlockKernel:
+def select_kernel(
+    device: torch.device, dtype: torch.dtype, head_dim: int | None = None
+) -> BlockKernel:
     """The block kernel used for tensors on `device` of `dtype` (see module docstring)."""
     if _IN_USE:
         return _IN_USE[-1]
@@ -317,13 +327,19 @@ def select_kernel(device: torch.device, dtype: torch.dtype, head_dim: int | None
         return _BACKENDS[forced]
     if device.type == "cpu":
         return _BACKENDS["torch_cpu_flash"]
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _flash_runs(device, head_dim):
+    if (
+        device.type == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and _flash_runs(device, head_dim)
+    ):
         return _BACKENDS["flash_attn" if flash_attn_available() else "torch_cuda_flash"]
     return _BACKENDS["torch_math"]
 
 
 def attention_backend(
-    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, head_dim: int | None = None
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    head_dim: int | None = None,
 ) -> str:
     """Name of the block kernel ring attention uses on this device/dtype/head_dim (reported in job metadata)."""
     return select_kernel(torch.device(device), dtype, head_dim).name

@@ -29,7 +29,9 @@ def shard_positions(seq_len: int, layout: str, rank: int, world: int) -> torch.T
         raise ValueError(f"rank {rank} is outside a ring of {world}")
     multiple = seq_multiple(layout, world)
     if seq_len % multiple:
-        raise ValueError(f"sequence length {seq_len} is not divisible by {multiple} ({layout} layout, {world} ranks)")
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by {multiple} ({layout} layout, {world} ranks)"
+        )
     if layout == "contiguous":
         n = seq_len // world
         return torch.arange(rank * n, (rank + 1) * n)
@@ -49,7 +51,9 @@ def _rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def shard_sequence(x: torch.Tensor, dim: int, layout: str, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def shard_sequence(
+    x: torch.Tensor, dim: int, layout: str, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """This rank's shard of the full tensor `x` along `dim` (a contiguous copy)."""
     rank, world = _rank_world(group)
     pos = shard_positions(x.shape[dim], layout, rank, world).to(x.device)
@@ -66,7 +70,9 @@ def unshard_sequence(
     parts = [torch.empty_like(x_local) for _ in range(world)]
     dist.all_gather(parts, x_local.contiguous(), group=group)
     seq_len = x_local.shape[dim] * world
-    order = torch.cat([shard_positions(seq_len, layout, r, world) for r in range(world)]).to(x_local.device)
+    order = torch.cat([shard_positions(seq_len, layout, r, world) for r in range(world)]).to(
+        x_local.device
+    )
     out = torch.empty_like(torch.cat(parts, dim=dim))
     out.index_copy_(dim, order, torch.cat(parts, dim=dim))
     return out

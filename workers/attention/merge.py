@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 
 
-def merge_(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
+def merge_(
+    out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor
+) -> None:
     """In place: fold (block_out, block_lse) into the running (out, lse).
 
     out, block_out: [B, S, H, D] in the accumulation dtype; lse, block_lse: [B, H, S] (same dtype).

@@ -29,7 +29,9 @@ class Block:
     q: slice
     kv: slice
     causal: bool
-    rows: slice = field(default_factory=lambda: ALL_ROWS)  # batch rows (packed rows may differ in documents)
+    rows: slice = field(
+        default_factory=lambda: ALL_ROWS
+    )  # batch rows (packed rows may differ in documents)
 
     def cost(self) -> float:
         """Visible (query, key) pairs per batch row: what the kernel must compute."""
@@ -85,7 +87,10 @@ def _runs(bounds: tuple[int, ...], positions: torch.Tensor) -> dict[int, tuple[i
 def _split_causal(qa: int, qb: int, ka: int, kb: int) -> list[tuple[int, int, int, int, bool]]:
     """Pairs i in [qa, qb), j in [ka, kb) with j <= i, as (q0, q1, k0, k1, causal) pieces."""
     pieces = []
-    m0, m1 = max(qa, ka), min(qb, kb)  # rows that see a prefix of the keys, ending on their diagonal
+    m0, m1 = (
+        max(qa, ka),
+        min(qb, kb),
+    )  # rows that see a prefix of the keys, ending on their diagonal
     if m0 < m1:
         if m0 > ka:
             pieces.append((m0, m1, ka, m0, False))
@@ -120,7 +125,9 @@ def _rows(first: int, stop: int, docs: Documents) -> slice:
 
 
 @functools.lru_cache(maxsize=64)
-def ring_plan(layout: str, causal: bool, rank: int, world: int, n: int, docs: Documents | None) -> list[list[Block]]:
+def ring_plan(
+    layout: str, causal: bool, rank: int, world: int, n: int, docs: Documents | None
+) -> list[list[Block]]:
     """Blocks of every ring step for `rank` (n local tokens): step s visits the K/V of rank (rank - s) mod W.
 
     Cached: every layer of a model asks for the same plan.

@@ -58,11 +58,17 @@ class _PerBlock:
         for blk in self.plan[step]:
             kernel_calls["per_block", "forward"] += 1
             r = blk.rows
-            b_out, b_lse = self.kernel.forward(q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], blk.causal, self.scale)
-            if run.out is None and _covers_all(blk, n):  # dense step 0: the diagonal block covers every row
+            b_out, b_lse = self.kernel.forward(
+                q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], blk.causal, self.scale
+            )
+            if run.out is None and _covers_all(
+                blk, n
+            ):  # dense step 0: the diagonal block covers every row
                 run.out, run.lse = b_out.to(acc), b_lse.to(acc).contiguous()
                 continue
-            if run.out is None or run.lse is None:  # packed documents: rows start empty and fill block by block
+            if (
+                run.out is None or run.lse is None
+            ):  # packed documents: rows start empty and fill block by block
                 run.out = torch.zeros(q.shape, dtype=acc, device=q.device)
                 run.lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
             merge_(run.out[r, blk.q], run.lse[r, :, blk.q], b_out, b_lse)
@@ -109,7 +115,11 @@ class _Packed:
     def fold(self, step: int, q: torch.Tensor, kv: torch.Tensor, run: _Running) -> None:
         acc = _acc_dtype(q.dtype)
         b, n, h, d = q.shape
-        qf, kf, vf = q.reshape(b * n, h, d), kv[0].reshape(b * n, -1, d), kv[1].reshape(b * n, -1, d)
+        qf, kf, vf = (
+            q.reshape(b * n, h, d),
+            kv[0].reshape(b * n, -1, d),
+            kv[1].reshape(b * n, -1, d),
+        )
         if run.out is None or run.lse is None:  # flat while folding: [B·S, H, D] and [H, B·S]
             run.out = torch.zeros((b * n, h, d), dtype=acc, device=q.device)
             run.lse = torch.full((h, b * n), float("-inf"), dtype=acc, device=q.device)
@@ -149,7 +159,9 @@ class _Packed:
         for p in self.packs[step]:
             kernel_calls["packed", "backward"] += 1
             qi, ki = p.q_index, p.k_index
-            g = self.kernel.backward(dof[qi], qf[qi], kf[ki], vf[ki], of[qi], lsef[:, qi], p, self.scale)
+            g = self.kernel.backward(
+                dof[qi], qf[qi], kf[ki], vf[ki], of[qi], lsef[:, qi], p, self.scale
+            )
             dqf.index_add_(0, qi, g[0].to(dqf.dtype))
             done.append((ki, g))
 
@@ -200,14 +212,20 @@ def _backward(dout, q, k, v, out, lse, steps: Steps, group, world):
             _exchanging(kv_comm).send_recv(kv)
         add_grads = steps.grads(step, dout, q, kv, out, lse, dq)
         # The dkv that arrived meanwhile belongs to the K/V block we hold now: add our part, pass it on.
-        dkv = _exchanging(dkv_comm).wait() if step > 0 else torch.zeros(kv.shape, dtype=acc, device=q.device)
+        dkv = (
+            _exchanging(dkv_comm).wait()
+            if step > 0
+            else torch.zeros(kv.shape, dtype=acc, device=q.device)
+        )
         add_grads(dkv)
         if world > 1:
             _exchanging(dkv_comm).send_recv(dkv)
         if not last:
             kv = _exchanging(kv_comm).wait()
     if world > 1:
-        dkv = _exchanging(dkv_comm).wait()  # our own block's gradient, summed over every rank's queries
+        dkv = _exchanging(
+            dkv_comm
+        ).wait()  # our own block's gradient, summed over every rank's queries
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
@@ -249,15 +267,23 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) ->
             f"{tuple(v.shape)}"
         )
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in batch, seq_local and head_dim")
+        raise ValueError(
+            f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in batch, seq_local and head_dim"
+        )
     if q.shape[2] % k.shape[2]:
-        raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})")
+        raise ValueError(
+            f"query heads ({q.shape[2]}) must be a multiple of key/value heads ({k.shape[2]})"
+        )
     if q.shape[1] == 0:
         raise ValueError("seq_local must be at least 1")
     if layout == "zigzag" and q.shape[1] % 2:
-        raise ValueError(f"the zigzag layout holds two equal chunks per rank; seq_local={q.shape[1]} is odd")
+        raise ValueError(
+            f"the zigzag layout holds two equal chunks per rank; seq_local={q.shape[1]} is odd"
+        )
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.dtype.is_floating_point:
@@ -278,7 +304,9 @@ def documents(cu_seqlens: torch.Tensor | None, batch: int, seq_len: int) -> Docu
     if not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype != torch.int32:
-        raise ValueError(f"cu_seqlens must be int32 (flash-attn's convention), got {cu_seqlens.dtype}")
+        raise ValueError(
+            f"cu_seqlens must be int32 (flash-attn's convention), got {cu_seqlens.dtype}"
+        )
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(
             f"cu_seqlens must be 1-D [0, …, S] with at least 2 entries, got shape {tuple(cu_seqlens.shape)}"
@@ -295,14 +323,20 @@ def documents(cu_seqlens: torch.Tensor | None, batch: int, seq_len: int) -> Docu
     if bounds[-1] == seq_len:
         return Documents(((0, batch, tuple(bounds)),))
     if bounds[-1] != batch * seq_len:
-        extra = f" or batch × S = {batch * seq_len} (one set of documents per row)" if batch > 1 else ""
-        raise ValueError(f"cu_seqlens must end at the global sequence length S = {seq_len}{extra}, got {bounds[-1]}")
+        extra = (
+            f" or batch × S = {batch * seq_len} (one set of documents per row)" if batch > 1 else ""
+        )
+        raise ValueError(
+            f"cu_seqlens must end at the global sequence length S = {seq_len}{extra}, got {bounds[-1]}"
+        )
     present = set(bounds)
     rows = []
     for row in range(batch):
         lo, hi = row * seq_len, (row + 1) * seq_len
         if lo not in present:
-            raise ValueError(f"cu_seqlens lacks the row boundary {lo}: a document may not cross batch rows")
+            raise ValueError(
+                f"cu_seqlens lacks the row boundary {lo}: a document may not cross batch rows"
+            )
         rows.append(tuple(sorted({b - lo for b in bounds if lo <= b <= hi})))
     groups: list[tuple[int, int, tuple[int, ...]]] = []
     for row, bnd in enumerate(rows):
@@ -332,7 +366,14 @@ def ring_attention(
     token to its own packed document. Returns [batch, seq_local, heads, head_dim] in q's dtype; differentiable.
     """
     return _ring_attention(
-        q, k, v, causal=causal, layout=layout, group=group, softmax_scale=softmax_scale, cu_seqlens=cu_seqlens
+        q,
+        k,
+        v,
+        causal=causal,
+        layout=layout,
+        group=group,
+        softmax_scale=softmax_scale,
+        cu_seqlens=cu_seqlens,
     )
 
 

@@ -25,17 +25,23 @@ from workers.attention.layouts import check_layout, shard_positions
 from workers.attention.ring import ring_attention
 
 
-def usp_group_ranks(world: int, ulysses_size: int, ring_size: int) -> tuple[list[list[int]], list[list[int]]]:
+def usp_group_ranks(
+    world: int, ulysses_size: int, ring_size: int
+) -> tuple[list[list[int]], list[list[int]]]:
     """(Ulysses groups, ring groups) as global rank lists for world = data_parallel × ring_size × ulysses_size.
 
     Global rank = (dp · ring_size + ring_rank) · ulysses_size + ulysses_rank: Ulysses innermost (one node),
     then the ring, then data parallel outermost.
     """
     if ulysses_size < 1 or ring_size < 1 or world % (ulysses_size * ring_size):
-        raise ValueError(f"world {world} is not a multiple of ulysses_size {ulysses_size} × ring_size {ring_size}")
+        raise ValueError(
+            f"world {world} is not a multiple of ulysses_size {ulysses_size} × ring_size {ring_size}"
+        )
     u, r = ulysses_size, ring_size
     uly = [list(range(base, base + u)) for base in range(0, world, u)]
-    rings = [[d * r * u + i * u + j for i in range(r)] for d in range(world // (r * u)) for j in range(u)]
+    rings = [
+        [d * r * u + i * u + j for i in range(r)] for d in range(world // (r * u)) for j in range(u)
+    ]
     return uly, rings
 
 
@@ -58,7 +64,11 @@ def _rank_size(group: dist.ProcessGroup) -> tuple[int, int]:
 
 
 def usp_shard_sequence(
-    x: torch.Tensor, dim: int, layout: str, ulysses_group: dist.ProcessGroup, ring_group: dist.ProcessGroup
+    x: torch.Tensor,
+    dim: int,
+    layout: str,
+    ulysses_group: dist.ProcessGroup,
+    ring_group: dist.ProcessGroup,
 ) -> torch.Tensor:
     """This rank's USP shard of the full tensor `x` along `dim` (a contiguous copy)."""
     (u, nu), (r, nr) = _rank_size(ulysses_group), _rank_size(ring_group)
@@ -67,7 +77,11 @@ def usp_shard_sequence(
 
 
 def usp_unshard_sequence(
-    x_local: torch.Tensor, dim: int, layout: str, ulysses_group: dist.ProcessGroup, ring_group: dist.ProcessGroup
+    x_local: torch.Tensor,
+    dim: int,
+    layout: str,
+    ulysses_group: dist.ProcessGroup,
+    ring_group: dist.ProcessGroup,
 ) -> torch.Tensor:
     """All-gather the shards of every (Ulysses, ring) member and restore the global order along `dim`."""
     (_, nu), (_, nr) = _rank_size(ulysses_group), _rank_size(ring_group)
@@ -77,7 +91,9 @@ def usp_unshard_sequence(
     parts_r = [torch.empty_like(ring_local) for _ in range(nr)]
     dist.all_gather(parts_r, ring_local, group=ring_group)
     seq_len = x_local.shape[dim] * nu * nr
-    order = torch.cat([shard_positions(seq_len, layout, r, nr) for r in range(nr)]).to(x_local.device)
+    order = torch.cat([shard_positions(seq_len, layout, r, nr) for r in range(nr)]).to(
+        x_local.device
+    )
     gathered = torch.cat(parts_r, dim=dim)
     out = torch.empty_like(gathered)
     out.index_copy_(dim, order, gathered)
@@ -87,7 +103,9 @@ def usp_unshard_sequence(
 def _seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch.Tensor:
     """[B, n, H, D] (sequence piece, all heads) -> [B, U·n, H/U, D] (U pieces in member order, 1/U heads)."""
     b, n, h, d = x.shape
-    send = x.reshape(b, n, size, h // size, d).permute(2, 0, 1, 3, 4).contiguous()  # [U dest, B, n, H/U, D]
+    send = (
+        x.reshape(b, n, size, h // size, d).permute(2, 0, 1, 3, 4).contiguous()
+    )  # [U dest, B, n, H/U, D]
     recv = torch.empty_like(send)  # [U src, B, n, H/U, D]
     dist.all_to_all_single(recv, send, group=group)
     return recv.permute(1, 0, 2, 3, 4).reshape(b, size * n, h // size, d)
@@ -97,7 +115,9 @@ def _heads_to_seq(x: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch
     """Inverse of `_seq_to_heads`: [B, U·n, H/U, D] -> [B, n, H, D]."""
     b, un, hu, d = x.shape
     n = un // size
-    send = x.reshape(b, size, n, hu, d).permute(1, 0, 2, 3, 4).contiguous()  # [U dest (seq piece), B, n, H/U, D]
+    send = (
+        x.reshape(b, size, n, hu, d).permute(1, 0, 2, 3, 4).contiguous()
+    )  # [U dest (seq piece), B, n, H/U, D]
     recv = torch.empty_like(send)  # [U src (head group), B, n, H/U, D]
     dist.all_to_all_single(recv, send, group=group)
     return recv.permute(1, 2, 0, 3, 4).reshape(b, n, size * hu, d)
@@ -130,7 +150,9 @@ def check_ulysses_heads(heads: int, kv_heads: int, ulysses_size: int) -> None:
     if ulysses_size < 1:
         raise ValueError(f"ulysses_size must be >= 1, got {ulysses_size}")
     if heads % ulysses_size:
-        raise ValueError(f"ulysses_size={ulysses_size} must divide the number of query heads ({heads})")
+        raise ValueError(
+            f"ulysses_size={ulysses_size} must divide the number of query heads ({heads})"
+        )
     if kv_heads % ulysses_size and ulysses_size % kv_heads:
         raise ValueError(
             f"ulysses_size={ulysses_size} and kv_heads={kv_heads}: one must divide the other "
@@ -158,19 +180,35 @@ def usp_attention(
     """
     check_layout(layout)
     if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"q, k, v must be [batch, seq_local, heads, head_dim]; got {tuple(q.shape)}, {tuple(k.shape)}")
+        raise ValueError(
+            f"q, k, v must be [batch, seq_local, heads, head_dim]; got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
     size = dist.get_world_size(ulysses_group)
     h, hk = q.shape[2], k.shape[2]
     check_ulysses_heads(h, hk, size)
     if size == 1:
         return ring_attention(
-            q, k, v, causal=causal, layout=layout, group=ring_group, softmax_scale=softmax_scale, cu_seqlens=cu_seqlens
+            q,
+            k,
+            v,
+            causal=causal,
+            layout=layout,
+            group=ring_group,
+            softmax_scale=softmax_scale,
+            cu_seqlens=cu_seqlens,
         )
     if hk < size:  # each member needs one K/V head: repeat each U/kv_heads times, no more
         k, v = (t.repeat_interleave(size // hk, dim=2) for t in (k, v))
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     qh, kh, vh = (_SeqToHeads.apply(t, ulysses_group, size) for t in (q, k, v))
     out = ring_attention(
-        qh, kh, vh, causal=causal, layout=layout, group=ring_group, softmax_scale=scale, cu_seqlens=cu_seqlens
+        qh,
+        kh,
+        vh,
+        causal=causal,
+        layout=layout,
+        group=ring_group,
+        softmax_scale=scale,
+        cu_seqlens=cu_seqlens,
     )
     return _HeadsToSeq.apply(out, ulysses_group, size)

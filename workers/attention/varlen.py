@@ -21,7 +21,14 @@ from typing import Any, Protocol
 
 import torch
 
-from workers.attention.kernels import BlockKernel, Grads, _flash_attn_api, _pad8, flash_api, select_kernel
+from workers.attention.kernels import (
+    BlockKernel,
+    Grads,
+    _flash_attn_api,
+    _pad8,
+    flash_api,
+    select_kernel,
+)
 from workers.attention.plan import Block, Documents, ring_plan
 
 
@@ -67,8 +74,12 @@ def _pack(blocks: list[Block], causal: bool, batch: int, n: int) -> Pack:
             cu_q.append(cu_q[-1] + len(qs[-1]))
             cu_k.append(cu_k[-1] + len(ks[-1]))
     q_index, k_index = torch.cat(qs), torch.cat(ks)
-    if q_index.unique().numel() != q_index.numel():  # the merge below scatters once per row: rows must not repeat
-        raise AssertionError("a varlen pack holds one query row twice; plan.py's pieces changed shape")
+    if (
+        q_index.unique().numel() != q_index.numel()
+    ):  # the merge below scatters once per row: rows must not repeat
+        raise AssertionError(
+            "a varlen pack holds one query row twice; plan.py's pieces changed shape"
+        )
     return Pack(
         causal,
         q_index,
@@ -134,7 +145,9 @@ class LoopVarlen:
     def forward(self, q, k, v, pack, scale):
         outs, lses = [], []
         for q0, q1, k0, k1 in pack.segments():
-            o, lse = self.block.forward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], pack.causal, scale)
+            o, lse = self.block.forward(
+                q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], pack.causal, scale
+            )
             outs.append(o[0])
             lses.append(lse[0])
         return torch.cat(outs), torch.cat(lses, dim=1)
@@ -175,7 +188,9 @@ class FlashAttnVarlen:
         )  # fmt: skip
         out, lse = (res[0], res[1]) if split else (res[0], res[5])
         if lse.shape != (q.shape[1], q.shape[0]):
-            raise RuntimeError(f"flash-attn varlen returned lse of shape {tuple(lse.shape)}, expected [heads, total_q]")
+            raise RuntimeError(
+                f"flash-attn varlen returned lse of shape {tuple(lse.shape)}, expected [heads, total_q]"
+            )
         return out[..., :d], lse
 
     def backward(self, dout, q, k, v, out, lse, pack, scale):

@@ -22,7 +22,9 @@ def build_source(spec: JobSpec) -> DataSource:
     d, seed = spec.data, spec.train.seed
     if d.kind == "passkey":
         stages = [(s.steps, s.seq_len) for s in d.curriculum]
-        return PasskeySource(d.seq_len, d.key_digits, d.depth, d.answer_weight, seed, tokenizer_for(spec), stages)
+        return PasskeySource(
+            d.seq_len, d.key_digits, d.depth, d.answer_weight, seed, tokenizer_for(spec), stages
+        )
     if d.kind == "tokens":
         vocab = spec.model.vocab_size if spec.model.kind == "native" else None
         return TokensSource(d.path, d.seq_len, seed, d.pack, d.validation, vocab_size=vocab)

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workers.attention import shard_positions, shard_sequence, usp_shard_positions, usp_shard_sequence
+from workers.attention import (
+    shard_positions,
+    shard_sequence,
+    usp_shard_positions,
+    usp_shard_sequence,
+)
 
 
 @dataclass
@@ -58,7 +63,9 @@ def from_windows(windows: torch.Tensor, weights: torch.Tensor | None = None) -> 
     inputs, labels = windows[:, :-1], windows[:, 1:]
     if weights is None:
         weights = torch.ones(labels.shape, dtype=torch.float32)
-    return Batch(inputs.contiguous(), labels.contiguous(), weights.float(), torch.arange(inputs.shape[1]))
+    return Batch(
+        inputs.contiguous(), labels.contiguous(), weights.float(), torch.arange(inputs.shape[1])
+    )
 
 
 def take_shard(
@@ -81,7 +88,11 @@ def take_shard(
         raise ValueError(f"global batch of {rows} is not divisible by data_parallel={dp_size}")
     per = rows // dp_size
     sl = slice(dp_index * per, (dp_index + 1) * per)
-    cu = None if batch.cu_seqlens is None else rows_cu_seqlens(batch.cu_seqlens, sl.start, sl.stop, seq_len)
+    cu = (
+        None
+        if batch.cu_seqlens is None
+        else rows_cu_seqlens(batch.cu_seqlens, sl.start, sl.stop, seq_len)
+    )
     if ring_group is None and ulysses_group is None:
         pick = lambda t: t[sl]
         pos = batch.positions
@@ -91,7 +102,9 @@ def take_shard(
         pos = shard_positions(seq_len, layout, rank, world)
     else:
         if ring_group is None:
-            raise ValueError("Ulysses sharding needs the ring group too (a one-rank group when ring_size is 1)")
+            raise ValueError(
+                "Ulysses sharding needs the ring group too (a one-rank group when ring_size is 1)"
+            )
         pick = lambda t: usp_shard_sequence(t[sl], 1, layout, ulysses_group, ring_group)
         u, nu = dist.get_rank(ulysses_group), dist.get_world_size(ulysses_group)
         r, nr = dist.get_rank(ring_group), dist.get_world_size(ring_group)

@@ -69,7 +69,9 @@ class PreparedDataset:
             try:
                 shard = _Shard(self.path / SHARDS / self._names[s], self.format == "chat")
             except (OSError, ValueError) as e:
-                raise DatasetError(f"{self.path}: shard {self._names[s]} is missing or damaged ({e})") from e
+                raise DatasetError(
+                    f"{self.path}: shard {self._names[s]} is missing or damaged ({e})"
+                ) from e
             self._open[s] = shard
         return shard
 
@@ -97,7 +99,11 @@ class PreparedDataset:
         shard, local = self._locate(i)
         a, b = int(shard.offsets[local]), int(shard.offsets[local + 1])
         tokens = np.asarray(shard.tokens[a:b], dtype=np.int64)
-        mask = np.ones(b - a, dtype=bool) if shard.mask is None else np.asarray(shard.mask[a:b], dtype=bool)
+        mask = (
+            np.ones(b - a, dtype=bool)
+            if shard.mask is None
+            else np.asarray(shard.mask[a:b], dtype=bool)
+        )
         return {"tokens": tokens, "loss_mask": mask}
 
     def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:

@@ -53,7 +53,12 @@ class PackedTextSource:
     """Batches of whole packed documents with `cu_seqlens`; resumable by sample count."""
 
     def __init__(
-        self, path: str | Path, seq_len: int, seed: int, text_field: str = "text", tokenizer: Tokenizer | None = None
+        self,
+        path: str | Path,
+        seq_len: int,
+        seed: int,
+        text_field: str = "text",
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         if seq_len < 2:
             raise ValueError(f"seq_len must be at least 2 to pack documents, got {seq_len}")
@@ -71,7 +76,9 @@ class PackedTextSource:
     def _epoch(self, epoch: int) -> list[list[int]]:
         while len(self._epochs) <= epoch:
             e = len(self._epochs)
-            order = torch.randperm(len(self.pieces), generator=sample_generator(self.seed, e)).tolist()
+            order = torch.randperm(
+                len(self.pieces), generator=sample_generator(self.seed, e)
+            ).tolist()
             self._epochs.append(pack_sequences([len(p) for p in self.pieces], order, self.seq_len))
         return self._epochs[epoch]
 
@@ -82,7 +89,9 @@ class PackedTextSource:
             epoch += 1
         return self._epoch(epoch)[g]
 
-    def sequence(self, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    def sequence(
+        self, g: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
         """(inputs, labels, weights, doc_positions, boundaries) of sequence g of the run."""
         s = self.seq_len
         inputs = torch.full((s,), self.pad_id, dtype=torch.int64)

@@ -30,7 +30,9 @@ from workers.data.batch import Batch, from_windows
 from workers.data.tokenizer import ByteTokenizer, Tokenizer
 
 INTRO = "There is an important pass key hidden inside a lot of irrelevant text. Find it and remember it. "
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+FILLER = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+)
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "What is the pass key? The pass key is "
 SHORT_NEEDLE = "pass key {key}. "
@@ -63,7 +65,9 @@ def make_sample(
     tokenizer: Tokenizer = BYTES,
 ) -> PasskeySample:
     """One sample; all randomness (key, and depth when None) comes from `generator`."""
-    first = int(torch.randint(1, 10, (1,), generator=generator))  # no leading zero: the key has key_digits digits
+    first = int(
+        torch.randint(1, 10, (1,), generator=generator)
+    )  # no leading zero: the key has key_digits digits
     rest = torch.randint(0, 10, (key_digits - 1,), generator=generator).tolist()
     key = str(first) + "".join(map(str, rest))
     if depth is None:
@@ -73,9 +77,15 @@ def make_sample(
     for intro_s, needle_s, question_s in (
         (INTRO, NEEDLE, QUESTION),
         ("", NEEDLE, QUESTION),  # short contexts: drop the intro first,
-        ("", SHORT_NEEDLE, SHORT_QUESTION),  # then use the compact phrasing (fits any spec-valid length)
+        (
+            "",
+            SHORT_NEEDLE,
+            SHORT_QUESTION,
+        ),  # then use the compact phrasing (fits any spec-valid length)
     ):
-        intro, needle, question = (tokenizer.encode(x) for x in (intro_s, needle_s.format(key=key), question_s))
+        intro, needle, question = (
+            tokenizer.encode(x) for x in (intro_s, needle_s.format(key=key), question_s)
+        )
         haystack = total - len(intro) - len(needle) - len(question) - len(answer)
         if haystack >= 0:
             break
@@ -159,7 +169,9 @@ class PasskeySource:
             )
             for i in range(batch_size)
         ]
-        return from_windows(torch.stack([s.tokens for s in samples]), torch.stack([s.weights for s in samples]))
+        return from_windows(
+            torch.stack([s.tokens for s in samples]), torch.stack([s.weights for s in samples])
+        )
 
     def state_dict(self) -> dict:
         return {"kind": "passkey", "seed": self.seed}

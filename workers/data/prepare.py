@@ -114,15 +114,25 @@ def tokenizer_info(tokenizer: str, fmt: str) -> dict[str, Any]:
     """What the manifest records about the tokenizer; refuses chat without a chat template."""
     if tokenizer == BYTES:
         if fmt == "chat":
-            raise PrepareError("--format chat needs a model directory with a chat template, not the bytes tokenizer")
-        return {"kind": BYTES, "path": None, "sha256": tokenizer_hash(BYTES), "vocab_size": 256, "eos_id": 0}
+            raise PrepareError(
+                "--format chat needs a model directory with a chat template, not the bytes tokenizer"
+            )
+        return {
+            "kind": BYTES,
+            "path": None,
+            "sha256": tokenizer_hash(BYTES),
+            "vocab_size": 256,
+            "eos_id": 0,
+        }
     sha = tokenizer_hash(tokenizer)
     try:
         tok = _hf_tokenizer(str(Path(tokenizer).resolve()))
     except Exception as e:  # transformers raises several kinds for a directory without a tokenizer
         raise PrepareError(f"--tokenizer {tokenizer}: cannot load a tokenizer from it ({e})") from e
     if fmt == "chat" and not getattr(tok, "chat_template", None):
-        raise PrepareError(f"--tokenizer {tokenizer}: the tokenizer has no chat template, needed by --format chat")
+        raise PrepareError(
+            f"--tokenizer {tokenizer}: the tokenizer has no chat template, needed by --format chat"
+        )
     template = tok.chat_template if fmt == "chat" else None
     mask_rule = None
     if template is not None:
@@ -169,7 +179,9 @@ def encode_chat(tokenizer: str, messages: list[dict[str, Any]]) -> tuple[list[in
     """
     tok = _hf_tokenizer(tokenizer)
     if GENERATION_TAG.search(str(tok.chat_template)):
-        out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        out = tok.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
     text = _render(tok, messages, add_generation_prompt=False)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -193,7 +205,11 @@ def encode_chat(tokenizer: str, messages: list[dict[str, Any]]) -> tuple[list[in
 
 
 def _render(tok: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-    return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt))
+    return str(
+        tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    )
 
 
 # -- planning --------------------------------------------------------------------------------------------------
@@ -238,13 +254,19 @@ def plan_file(index: int, path: Path, root: Path, chunk_bytes: int) -> SourceFil
                         if cut < 0:
                             break
                         stop = at + cut + 1
-                        chunks.append(Chunk(index, len(chunks), str(path), start, stop, first_line, stop - start))
+                        chunks.append(
+                            Chunk(
+                                index, len(chunks), str(path), start, stop, first_line, stop - start
+                            )
+                        )
                         first_line = lines_before + block.count(b"\n", 0, cut + 1) + 1
                         start, pos = stop, cut + 1
                     lines_before += block.count(b"\n")
                     at += len(block)
                 if start < at or not chunks:
-                    chunks.append(Chunk(index, len(chunks), str(path), start, at, first_line, at - start))
+                    chunks.append(
+                        Chunk(index, len(chunks), str(path), start, at, first_line, at - start)
+                    )
             else:
                 while block := f.read(1 << 20):
                     h.update(block)
@@ -307,7 +329,9 @@ def _check_messages(where: str, messages: Any) -> list[dict[str, Any]]:
         if not isinstance(m.get("role"), str) or "content" not in m:
             raise PrepareError(f"{where}: every message needs a 'role' and a 'content'")
     if not any(m["role"] == "assistant" for m in messages):
-        raise PrepareError(f"{where}: the conversation has no assistant turn (nothing to learn from)")
+        raise PrepareError(
+            f"{where}: the conversation has no assistant turn (nothing to learn from)"
+        )
     return messages
 
 
@@ -339,21 +363,44 @@ def tokenize_chunk(row: dict[str, Any]) -> dict[str, Any]:
                 lengths.append(len(doc_ids))
                 continue
             if not isinstance(doc, str):
-                raise PrepareError(f"{where}: the text field must be a string, got {type(doc).__name__}")
+                raise PrepareError(
+                    f"{where}: the text field must be a string, got {type(doc).__name__}"
+                )
             pending.append(doc)
             if len(pending) >= ENCODE_BATCH:
                 flush()
         flush()
         base = Path(row["out_dir"]) / row["shard"]
         np.save(f"{base}.tokens.npy", np.concatenate(parts) if parts else np.zeros(0, dtype=dtype))
-        np.save(f"{base}.offsets.npy", np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64))
+        np.save(
+            f"{base}.offsets.npy",
+            np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
+        )
         if fmt == "chat":
             np.save(f"{base}.mask.npy", np.concatenate(masks) if masks else np.zeros(0, dtype=bool))
     except PrepareError as e:
-        return {"shard": row["shard"], "error": str(e), "documents": 0, "tokens": 0, "size": chunk.size}
+        return {
+            "shard": row["shard"],
+            "error": str(e),
+            "documents": 0,
+            "tokens": 0,
+            "size": chunk.size,
+        }
     except (OSError, UnicodeDecodeError) as e:
-        return {"shard": row["shard"], "error": f"{chunk.path}: {e}", "documents": 0, "tokens": 0, "size": chunk.size}
-    return {"shard": row["shard"], "error": "", "documents": len(lengths), "tokens": sum(lengths), "size": chunk.size}
+        return {
+            "shard": row["shard"],
+            "error": f"{chunk.path}: {e}",
+            "documents": 0,
+            "tokens": 0,
+            "size": chunk.size,
+        }
+    return {
+        "shard": row["shard"],
+        "error": "",
+        "documents": len(lengths),
+        "tokens": sum(lengths),
+        "size": chunk.size,
+    }
 
 
 # -- the whole prepare -----------------------------------------------------------------------------------------
@@ -425,17 +472,28 @@ def prepare(
     report = progress or (lambda p: None)
     report(Progress(0, total, 0, 0, "hashing"))
     files = [plan_file(i, p, root, chunk_bytes) for i, p in enumerate(paths)]
-    recipe = {"version": FORMAT_VERSION, "format": fmt, "text_field": text_field, "tokenizer": info["sha256"]}
+    recipe = {
+        "version": FORMAT_VERSION,
+        "format": fmt,
+        "text_field": text_field,
+        "tokenizer": info["sha256"],
+    }
     for f in files:
-        f.key = hashlib.sha256(json.dumps({**recipe, "file": f.sha256}, sort_keys=True).encode()).hexdigest()[:24]
+        f.key = hashlib.sha256(
+            json.dumps({**recipe, "file": f.sha256}, sort_keys=True).encode()
+        ).hexdigest()[:24]
     dataset_id = hashlib.sha256(
-        json.dumps({**recipe, "files": [[f.name, f.sha256] for f in files]}, sort_keys=True).encode()
+        json.dumps(
+            {**recipe, "files": [[f.name, f.sha256] for f in files]}, sort_keys=True
+        ).encode()
     ).hexdigest()[:16]
 
     recover(out_dir)
     old = read_manifest(out_dir)
     if out_dir.exists() and old is None and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise PrepareError(f"--out {out_dir}: exists and is not a prepared dataset; refusing to replace it")
+        raise PrepareError(
+            f"--out {out_dir}: exists and is not a prepared dataset; refusing to replace it"
+        )
     if old is not None and old.get("id") == dataset_id:
         report(Progress(total, total, old["documents"], old["tokens"], "unchanged"))
         return old
@@ -489,7 +547,9 @@ def prepare(
                 toks += int(r["tokens"])
                 report(Progress(done_bytes, total, docs, toks, "tokenizing"))
         if errors:
-            raise PrepareError(sorted(errors)[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+            raise PrepareError(
+                sorted(errors)[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+            )
         manifest = _manifest(dataset_id, source, files, info, fmt, text_field, dtype, results)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         _fsync_tree(staging)
@@ -501,7 +561,9 @@ def prepare(
     return manifest
 
 
-def _run_rows(rows: list[dict[str, Any]], address: str | None, num_cpus: int | None) -> Iterator[dict[str, Any]]:
+def _run_rows(
+    rows: list[dict[str, Any]], address: str | None, num_cpus: int | None
+) -> Iterator[dict[str, Any]]:
     """The chunks through one Ray Data map, in parallel; results as they finish."""
     import ray.data
 
@@ -543,7 +605,9 @@ def _manifest(
         shards: list[dict[str, Any]] = []
         for name in sorted(n for n in results if n.startswith(f.key + "-")):
             r = results[name]
-            shards.append({"name": name, "documents": int(r["documents"]), "tokens": int(r["tokens"])})
+            shards.append(
+                {"name": name, "documents": int(r["documents"]), "tokens": int(r["tokens"])}
+            )
         entries.append(
             {
                 "path": f.name,
@@ -598,10 +662,14 @@ def _swap(staging: Path, out: Path) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The prepare arguments, shared with `ringtrain data prepare`."""
     parser.add_argument("source", help="a .txt/.jsonl/.parquet file, or a directory of them")
-    parser.add_argument("--tokenizer", required=True, help="a model directory, or 'bytes' (native models)")
+    parser.add_argument(
+        "--tokenizer", required=True, help="a model directory, or 'bytes' (native models)"
+    )
     parser.add_argument("--out", required=True, help="the dataset directory to write")
     parser.add_argument("--format", choices=("text", "chat"), default="text")
-    parser.add_argument("--text-field", default="text", help="the field read from .jsonl/.parquet (text format)")
+    parser.add_argument(
+        "--text-field", default="text", help="the field read from .jsonl/.parquet (text format)"
+    )
     parser.add_argument("--ray-address", default=None, help="a Ray cluster (default: a local Ray)")
 
 
@@ -612,9 +680,13 @@ def format_progress(p: Progress) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.data.prepare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.data.prepare", description=__doc__.splitlines()[0]
+    )
     add_arguments(parser)
-    parser.add_argument("--json-progress", action="store_true", help="one JSON line per progress update")
+    parser.add_argument(
+        "--json-progress", action="store_true", help="one JSON line per progress update"
+    )
     args = parser.parse_args(argv)
 
     def show(p: Progress) -> None:
@@ -637,7 +709,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nerror: {e}", file=sys.stderr)
         return 1
     summary = {k: manifest[k] for k in ("id", "format", "documents", "tokens", "bytes")}
-    print(("" if args.json_progress else "\n") + json.dumps({"dataset": {**summary, "path": str(args.out)}}))
+    print(
+        ("" if args.json_progress else "\n")
+        + json.dumps({"dataset": {**summary, "path": str(args.out)}})
+    )
     return 0
 
 

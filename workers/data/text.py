@@ -38,7 +38,9 @@ def _documents(path: Path, text_field: str) -> list[bytes]:
         try:
             import pyarrow.parquet as pq
         except ImportError as e:  # pragma: no cover - pyarrow is an optional extra
-            raise ValueError("reading .parquet needs pyarrow (pip install 'ringtrain[parquet]')") from e
+            raise ValueError(
+                "reading .parquet needs pyarrow (pip install 'ringtrain[parquet]')"
+            ) from e
         column = pq.read_table(path, columns=[text_field]).column(text_field)
         return [str(v).encode("utf-8") for v in column.to_pylist() if v is not None]
     return [path.read_bytes()]  # .txt and anything else: raw bytes
@@ -57,7 +59,9 @@ def read_documents(path: str | Path, text_field: str = "text") -> list[bytes]:
     return [d for f in files for d in _documents(f, text_field)]
 
 
-def load_corpus(path: str | Path, text_field: str = "text", tokenizer: Tokenizer | None = None) -> np.ndarray:
+def load_corpus(
+    path: str | Path, text_field: str = "text", tokenizer: Tokenizer | None = None
+) -> np.ndarray:
     """One flat token array for a file, or for every .txt/.jsonl/.parquet in a directory (sorted).
 
     Bytes (uint8) without a tokenizer or with ByteTokenizer; otherwise int32 ids of `tokenizer`.
@@ -79,13 +83,20 @@ class TextSource:
     """Batches of packed windows in a seeded per-epoch order; resumable by sample count."""
 
     def __init__(
-        self, path: str | Path, seq_len: int, seed: int, text_field: str = "text", tokenizer: Tokenizer | None = None
+        self,
+        path: str | Path,
+        seq_len: int,
+        seed: int,
+        text_field: str = "text",
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.tokens = load_corpus(path, text_field, tokenizer)
         self.seq_len, self.seed = seq_len, seed
         self.n_windows = (len(self.tokens) - 1) // seq_len
         if self.n_windows < 1:
-            raise ValueError(f"corpus {path} has {len(self.tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+            raise ValueError(
+                f"corpus {path} has {len(self.tokens)} tokens, fewer than seq_len + 1 = {seq_len + 1}"
+            )
         self._epoch, self._order = -1, torch.empty(0, dtype=torch.long)
         self.samples_consumed = 0
 
@@ -93,7 +104,9 @@ class TextSource:
         epoch, index = divmod(g, self.n_windows)
         if epoch != self._epoch:
             self._epoch = epoch
-            self._order = torch.randperm(self.n_windows, generator=sample_generator(self.seed, epoch))
+            self._order = torch.randperm(
+                self.n_windows, generator=sample_generator(self.seed, epoch)
+            )
         start = int(self._order[index]) * self.seq_len
         return torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
 
@@ -113,5 +126,7 @@ class TextSource:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("n_tokens") != len(self.tokens) or state.get("seed") != self.seed:
-            raise ValueError("the corpus or seed changed since the checkpoint; its data position does not apply")
+            raise ValueError(
+                "the corpus or seed changed since the checkpoint; its data position does not apply"
+            )
         self.samples_consumed = int(state["samples_consumed"])

@@ -95,7 +95,11 @@ class HFTokenizer:
 
 def _byte_to_unicode() -> dict[int, str]:
     """GPT-2's byte → printable character map, which `tokenizers`' ByteLevel pre-tokenizer applies."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table, extra = {b: chr(b) for b in printable}, 0
     for b in range(256):
         if b not in table:

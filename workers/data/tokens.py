@@ -107,14 +107,18 @@ class TokensSource:
         eos = self.ds.tokenizer.get("eos_id")
         self.pad_id = int(eos) if eos is not None else 0
         self.samples_consumed = 0
-        self._cursors: dict[int, Cursor] = {0: Cursor(0, 0, 0, 0)}  # epoch starts, and the last cursor
+        self._cursors: dict[int, Cursor] = {
+            0: Cursor(0, 0, 0, 0)
+        }  # epoch starts, and the last cursor
         self._last = self._cursors[0]
         self._perm: tuple[int, int, int] = (-1, 1, 0)
         if pack == "windows":
             self._segments = self._stream_segments()
             self.n_windows = (sum(n for _, n in self._segments) - 1) // seq_len
             if self.n_windows < 1:
-                raise ValueError(f"data.path {self.ds.path}: fewer training tokens than seq_len + 1")
+                raise ValueError(
+                    f"data.path {self.ds.path}: fewer training tokens than seq_len + 1"
+                )
 
     # -- documents -------------------------------------------------------------------------------------------
     def _train_doc(self, epoch: int, j: int) -> int:
@@ -151,7 +155,9 @@ class TokensSource:
             piece += 1
         if not out:
             raise ValueError(f"data.path {self.ds.path}: every training document is empty")
-        if j == self.train.n:  # the epoch ended with this sequence: the next one starts the next epoch
+        if (
+            j == self.train.n
+        ):  # the epoch ended with this sequence: the next one starts the next epoch
             epoch, j, piece = epoch + 1, 0, 0
             self._cursors.setdefault(epoch, Cursor(c.g + 1, epoch, 0, 0))
         return out, Cursor(c.g + 1, epoch, j, piece)
@@ -159,7 +165,9 @@ class TokensSource:
     def _cursor(self, g: int) -> Cursor:
         """The cursor of sequence g: a scan forward from the nearest known one."""
         start = (
-            self._last if self._last.g <= g else max((c for c in self._cursors.values() if c.g <= g), key=lambda c: c.g)
+            self._last
+            if self._last.g <= g
+            else max((c for c in self._cursors.values() if c.g <= g), key=lambda c: c.g)
         )
         while start.g < g:
             _, start = self._advance(start)
@@ -278,9 +286,16 @@ class TokensSource:
             return []
         while len(seqs) < want:
             seqs.append(seqs[len(seqs) % max(1, len(seqs))])
-        if self.pack == "windows":  # positions run over the whole window, attention crosses documents
-            seqs = [(s[0], s[1], s[2], torch.arange(self.seq_len), torch.tensor([0, self.seq_len])) for s in seqs]
-        return [batch_of(seqs[i : i + batch_size], self.seq_len) for i in range(0, want, batch_size)]
+        if (
+            self.pack == "windows"
+        ):  # positions run over the whole window, attention crosses documents
+            seqs = [
+                (s[0], s[1], s[2], torch.arange(self.seq_len), torch.tensor([0, self.seq_len]))
+                for s in seqs
+            ]
+        return [
+            batch_of(seqs[i : i + batch_size], self.seq_len) for i in range(0, want, batch_size)
+        ]
 
     # -- resume ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

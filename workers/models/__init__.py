@@ -14,7 +14,13 @@ from workers.config import JobSpec
 from workers.models.base import RingModel
 from workers.models.export import save_pretrained
 from workers.models.hf import PretrainedLM, load_pretrained
-from workers.models.llama import SequenceParallel, Transformer, attention_backend, build_model, token_losses
+from workers.models.llama import (
+    SequenceParallel,
+    Transformer,
+    attention_backend,
+    build_model,
+    token_losses,
+)
 from workers.models.registry import ModelKind, kind_for, kind_of, model_kind, register_model_kind
 
 

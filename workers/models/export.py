@@ -47,7 +47,9 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     if any(isinstance(p, DTensor) for p in model.parameters()):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
         tensors = {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
         if len(tensors) != len(full):
             raise TypeError(
@@ -58,7 +60,10 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _native_to_llama(state: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
-    out = {"model.embed_tokens.weight": state["tok_emb.weight"], "model.norm.weight": state["norm.weight"]}
+    out = {
+        "model.embed_tokens.weight": state["tok_emb.weight"],
+        "model.norm.weight": state["norm.weight"],
+    }
     for key, value in state.items():
         if key.startswith("layers."):
             _, index, rest = key.split(".", 2)
@@ -93,7 +98,9 @@ def llama_config_for(model: Transformer, max_position_embeddings: int) -> Any:
     )
 
 
-def save_pretrained(model: nn.Module, out_dir: str | Path, *, max_position_embeddings: int | None = None) -> Path:
+def save_pretrained(
+    model: nn.Module, out_dir: str | Path, *, max_position_embeddings: int | None = None
+) -> Path:
     """Write `model` as a transformers directory (weights, config, tokenizer). Collective for sharded models.
 
     The directory appears complete or not at all (written beside it, then renamed; an older export is
@@ -112,7 +119,9 @@ def save_pretrained(model: nn.Module, out_dir: str | Path, *, max_position_embed
     kind_of(model).export(model, state, staging, max_position_embeddings or DEFAULT_MAX_POSITIONS)
     old = out.with_name(out.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
-    if out.exists():  # out of sight before it is deleted: a crash mid-delete must not leave half an export
+    if (
+        out.exists()
+    ):  # out of sight before it is deleted: a crash mid-delete must not leave half an export
         os.replace(out, old)
     os.replace(staging, out)
     shutil.rmtree(old, ignore_errors=True)

@@ -28,7 +28,9 @@ from workers.config import HFModelConfig, JobSpec, pretrained_config
 from workers.models.base import RingModel
 from workers.models.llama import SequenceParallel
 
-if TYPE_CHECKING:  # transformers is imported lazily at run time (heavy); only its types are needed here
+if (
+    TYPE_CHECKING
+):  # transformers is imported lazily at run time (heavy); only its types are needed here
     from transformers import PreTrainedModel
 
 ATTN_NAME = "ringtrain_ring"
@@ -59,12 +61,18 @@ def _ring_attention_forward(
     if state is None:
         raise RuntimeError(f"{ATTN_NAME} attention runs only inside a ringtrain PretrainedLM")
     if dropout:
-        raise ValueError("attention dropout is not supported by ring attention (set attention_dropout to 0)")
+        raise ValueError(
+            "attention dropout is not supported by ring attention (set attention_dropout to 0)"
+        )
     window = kwargs.get("sliding_window")
     if window is not None and window < state.seq_len:
-        raise ValueError(f"sliding_window {window} < sequence length {state.seq_len}: ring attention is full causal")
+        raise ValueError(
+            f"sliding_window {window} < sequence length {state.seq_len}: ring attention is full causal"
+        )
     if state.sp is None and state.cu_seqlens is None:  # the whole sequence is local and in order
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=True
+        )
         return out.transpose(1, 2), None
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     sp = state.sp or SequenceParallel(None)
@@ -103,7 +111,9 @@ class PretrainedLM(RingModel):
             layer.get_submodule("self_attn").ringtrain_state = self.state  # type: ignore[assignment]
         rotary = self._decoder.get_submodule("rotary_emb")
         self._rope_last: int | None = None  # global last position, for length-dependent RoPE
-        self._length_dependent_rope = str(getattr(rotary, "rope_type", "default")) in LENGTH_DEPENDENT_ROPE
+        self._length_dependent_rope = (
+            str(getattr(rotary, "rope_type", "default")) in LENGTH_DEPENDENT_ROPE
+        )
         if self._length_dependent_rope:
             rotary.register_forward_pre_hook(self._append_global_last, with_kwargs=True)
             rotary.register_forward_hook(self._drop_global_last)
@@ -117,7 +127,9 @@ class PretrainedLM(RingModel):
         """The decoder blocks (what activation checkpointing and FSDP wrap one by one)."""
         layers = self._decoder.get_submodule("layers")
         if not isinstance(layers, nn.ModuleList):
-            raise TypeError(f"{type(self.hf).__name__}.model.layers is a {type(layers).__name__}, not an nn.ModuleList")
+            raise TypeError(
+                f"{type(self.hf).__name__}.model.layers is a {type(layers).__name__}, not an nn.ModuleList"
+            )
         return layers
 
     @property
@@ -138,15 +150,21 @@ class PretrainedLM(RingModel):
 
     def _global_last_position(self, positions: torch.Tensor) -> int:
         """max(position) over the whole sequence (ring × Ulysses): what transformers' RoPE sees unsharded."""
-        last = positions.max().detach().to(torch.int64).reshape(1)  # on the tokens' device: the backend's
+        last = (
+            positions.max().detach().to(torch.int64).reshape(1)
+        )  # on the tokens' device: the backend's
         sp = self.state.sp
         if sp is not None and sp.world > 1:
-            dist.all_reduce(last, op=dist.ReduceOp.MAX, group=sp.group)  # None: the default group, as the ring
+            dist.all_reduce(
+                last, op=dist.ReduceOp.MAX, group=sp.group
+            )  # None: the default group, as the ring
             if sp.ulysses_group is not None:
                 dist.all_reduce(last, op=dist.ReduceOp.MAX, group=sp.ulysses_group)
         return int(last.item())
 
-    def _append_global_last(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _append_global_last(
+        self, module: nn.Module, args: tuple, kwargs: dict
+    ) -> tuple[tuple, dict]:
         if self._rope_last is None:
             return args, kwargs
         pos = kwargs["position_ids"] if "position_ids" in kwargs else args[1]
@@ -162,12 +180,16 @@ class PretrainedLM(RingModel):
         cos, sin = output
         return cos[:, :-1], sin[:, :-1]
 
-    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None) -> dict[str, Any]:
+    def _inputs(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None
+    ) -> dict[str, Any]:
         b, s = tokens.shape
         positions = positions.to(tokens.device)
         self.state.seq_len = s * self._ring_world()
         self.state.cu_seqlens = cu_seqlens
-        self._rope_last = self._global_last_position(positions) if self._length_dependent_rope else None
+        self._rope_last = (
+            self._global_last_position(positions) if self._length_dependent_rope else None
+        )
         position_ids = positions if positions.dim() == 2 else positions.unsqueeze(0).expand(b, -1)
         return {"input_ids": tokens, "position_ids": position_ids, "use_cache": False}
 
@@ -177,14 +199,22 @@ class PretrainedLM(RingModel):
         return self.hf.get_output_embeddings().weight
 
     def features(
-        self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states [batch, seq_local, hidden]: what a chunked loss projects chunk by chunk.
         `positions` may be per row ([batch, seq_local]) for packed documents, with their `cu_seqlens`."""
         return self._decoder(**self._inputs(tokens, positions, cu_seqlens)).last_hidden_state
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self.hf(**self._inputs(tokens, positions, cu_seqlens)).logits.float()
 
@@ -204,7 +234,10 @@ def load_pretrained(
     hf_logging.disable_progress_bar()  # a progress bar per load would flood every rank's log
     register_ring_attention()
     cfg = pretrained_config(
-        str(path), rope_scaling=rope_scaling, rope_theta=rope_theta, max_position_embeddings=max_position_embeddings
+        str(path),
+        rope_scaling=rope_scaling,
+        rope_theta=rope_theta,
+        max_position_embeddings=max_position_embeddings,
     )
     config = AutoConfig.for_model(**cfg)
     hf = AutoModelForCausalLM.from_pretrained(

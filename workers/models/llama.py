@@ -39,7 +39,9 @@ class SequenceParallel:
         if not (dist.is_available() and dist.is_initialized()):
             return 1
         ring = dist.get_world_size(self.group)
-        return ring * (dist.get_world_size(self.ulysses_group) if self.ulysses_group is not None else 1)
+        return ring * (
+            dist.get_world_size(self.ulysses_group) if self.ulysses_group is not None else 1
+        )
 
     def attend(
         self,
@@ -52,8 +54,12 @@ class SequenceParallel:
     ) -> torch.Tensor:
         """Causal attention of this rank's shard, [batch, seq_local, heads, head_dim] in and out."""
         if self.ulysses_group is not None and dist.get_world_size(self.ulysses_group) > 1:
-            if self.group is None:  # ring_attention would take None for the whole world, not a ring of one
-                raise ValueError("SequenceParallel with a Ulysses group needs its ring group (one rank for no ring)")
+            if (
+                self.group is None
+            ):  # ring_attention would take None for the whole world, not a ring of one
+                raise ValueError(
+                    "SequenceParallel with a Ulysses group needs its ring group (one rank for no ring)"
+                )
             return attention.usp_attention(
                 q,
                 k,
@@ -85,13 +91,19 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()  # normalise in fp32 even under bf16 autocast
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(
+            x.dtype
+        ) * self.weight
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [seq, head_dim/2] (or [batch, seq, head_dim/2] for per-row positions, as packed documents have),
     fp32, for the given *global* position ids."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    )
     angles = positions.to(torch.float32)[..., None] * inv_freq
     return angles.cos(), angles.sin()
 
@@ -100,7 +112,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate-half RoPE on [batch, seq, heads, head_dim]."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
-    c, s = (cos[None, :, None, :], sin[None, :, None, :]) if cos.dim() == 2 else (cos[:, :, None], sin[:, :, None])
+    c, s = (
+        (cos[None, :, None, :], sin[None, :, None, :])
+        if cos.dim() == 2
+        else (cos[:, :, None], sin[:, :, None])
+    )
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).to(x.dtype)
 
 
@@ -127,9 +143,15 @@ class Attention(nn.Module):
         q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.wk(x).view(b, s, self.kv_heads, self.head_dim), cos, sin)
         v = self.wv(x).view(b, s, self.kv_heads, self.head_dim)
-        if sp is None and cu_seqlens is None:  # no sequence parallelism: the whole sequence is local
+        if (
+            sp is None and cu_seqlens is None
+        ):  # no sequence parallelism: the whole sequence is local
             out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                is_causal=True,
+                enable_gqa=True,
             ).transpose(1, 2)
         else:
             out = (sp or SequenceParallel(None)).attend(q, k, v, cu_seqlens=cu_seqlens)
@@ -179,7 +201,9 @@ class Transformer(RingModel):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         # Tied: the head *is* the embedding matrix (no second parameter, so safetensors sees no aliasing).
-        self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head = (
+            None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        )
 
     def set_sequence_parallel(self, sp: SequenceParallel | None) -> None:
         """Run attention on this ring from now on (None: plain local attention)."""
@@ -213,7 +237,11 @@ class Transformer(RingModel):
         return self.tok_emb.weight if self.head is None else self.head.weight
 
     def features(
-        self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states [batch, seq_local, d_model]: what a chunked loss projects chunk by chunk.
 
@@ -229,14 +257,22 @@ class Transformer(RingModel):
         return self.norm(x)
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return F.linear(self.features(tokens, positions, cu_seqlens=cu_seqlens), self.output_weight).float()
+        return F.linear(
+            self.features(tokens, positions, cu_seqlens=cu_seqlens), self.output_weight
+        ).float()
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy [batch, seq] in fp32 (no reduction: the caller forms the global mean)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view(labels.shape)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view(
+        labels.shape
+    )
 
 
 def build_model(cfg: ModelConfig, seed: int, activation_checkpointing: bool = False) -> Transformer:
@@ -266,4 +302,6 @@ def init_shards(model: Transformer, cfg: ModelConfig, spec: JobSpec) -> None:
 
 def attention_backend(device: torch.device) -> str:
     """Name of the ring attention block kernel for the dtype the model feeds it (bf16 under CUDA autocast)."""
-    return attention.attention_backend(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return attention.attention_backend(
+        device, torch.bfloat16 if device.type == "cuda" else torch.float32
+    )

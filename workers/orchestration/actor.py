@@ -21,7 +21,9 @@ import ray
 from workers.protocol import MetricPoint
 from workers.training.lease import Lease
 
-MAX_BUFFERED_POINTS = 100_000  # per rank; beyond this the oldest points are dropped rather than growing forever
+MAX_BUFFERED_POINTS = (
+    100_000  # per rank; beyond this the oldest points are dropped rather than growing forever
+)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,9 @@ class Timing:
 
 
 class JobDriver:
-    def __init__(self, env: DriverEnv, reporter: Reporter, cancel: threading.Event, timing: Timing = Timing()) -> None:
+    def __init__(
+        self, env: DriverEnv, reporter: Reporter, cancel: threading.Event, timing: Timing = Timing()
+    ) -> None:
         self.env = env
         self.spec = env.job_spec
         self.reporter = reporter
@@ -79,7 +81,9 @@ class JobDriver:
         self.delivered = Delivered(self.spec.world_size, env.delivered_through)
         self.forwarder = MetricForwarder(reporter, self.delivered)
         self.gpu: bool | None = None  # decided at the first reservation, kept for every retry
-        self.lease: Lease | None = None  # this attempt's hold on the checkpoint directory (see `resume`)
+        self.lease: Lease | None = (
+            None  # this attempt's hold on the checkpoint directory (see `resume`)
+        )
         self._train_refs: list[Any] = []
 
     def cancelled(self) -> bool:
@@ -107,7 +111,9 @@ class JobDriver:
         # A driver that is not the job's first run says where it resumes in its first report, so the earlier run's
         # later points go: a resubmitted driver (attempt > 0), or this attempt started again by KubeRay after
         # Kueue preempted it before its first checkpoint (its metrics journal is already there).
-        first_resume: int | None = plan.step if (plan.step or self.env.attempt or plan.ran_before) else None
+        first_resume: int | None = (
+            plan.step if (plan.step or self.env.attempt or plan.ran_before) else None
+        )
         while True:
             try:
                 self.group = None
@@ -129,13 +135,18 @@ class JobDriver:
                 self.forwarder.salvage(self.group)
                 self._teardown()  # before reading the checkpoints: no rank may still be writing one
                 if self.restarts >= self.spec.max_restarts:
-                    return self._failed(f"rank lost and max_restarts ({self.spec.max_restarts}) reached: {e}")
+                    return self._failed(
+                        f"rank lost and max_restarts ({self.spec.max_restarts}) reached: {e}"
+                    )
                 self.restarts += 1
                 plan = self.resume()
                 reason = f"{e}; restart {self.restarts}/{self.spec.max_restarts}, resuming from step {plan.step}"
                 log.warning(reason)
                 self.reporter.state(
-                    JobState.RETRYING, reason, resume_step=plan.step, metadata={"restarts": self.restarts}
+                    JobState.RETRYING,
+                    reason,
+                    resume_step=plan.step,
+                    metadata={"restarts": self.restarts},
                 )
             except PlacementTimeout as e:
                 self._teardown()
@@ -157,7 +168,9 @@ class JobDriver:
             name=attempt_name,
             timeout_s=self.env.placement_timeout_s,
             gpu=self.gpu,
-            on_waiting=lambda reason: self.reporter.state(JobState.PLACING, reason, resume_step=resume_step),
+            on_waiting=lambda reason: self.reporter.state(
+                JobState.PLACING, reason, resume_step=resume_step
+            ),
             cancelled=self.cancelled,
             actor_start_timeout_s=self.timing.actor_start_timeout_s,
         )
@@ -166,7 +179,9 @@ class JobDriver:
         meta: Metadata = {"final_step": result.final_step}
         if result.final_loss is not None and math.isfinite(result.final_loss):
             meta["final_loss"] = result.final_loss
-        self.reporter.state(JobState.SUCCEEDED, f"finished at step {result.final_step}", metadata=meta)
+        self.reporter.state(
+            JobState.SUCCEEDED, f"finished at step {result.final_step}", metadata=meta
+        )
         log.info("job %s succeeded: %s", self.env.job_id, result)
         return 0
 
@@ -212,7 +227,9 @@ class JobDriver:
         while pending:
             if self.cancelled():
                 raise Cancelled()
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=self.timing.poll_interval_s)
+            done, pending = ray.wait(
+                pending, num_returns=len(pending), timeout=self.timing.poll_interval_s
+            )
             self.forwarder.drain(g)
             for ref in done:
                 rank = refs[ref]
@@ -223,7 +240,9 @@ class JobDriver:
                 except ray.exceptions.RayTaskError as e:
                     # A peer's death often surfaces first as a communication error on a live rank.
                     if self._some_rank_dead(g):
-                        raise RankLost(f"a rank died (rank {rank} saw: {short(e.cause or e)})") from e
+                        raise RankLost(
+                            f"a rank died (rank {rank} saw: {short(e.cause or e)})"
+                        ) from e
                     raise TrainingError(f"rank {rank}: {_cause_text(e)}") from e
         self.forwarder.drain(g)
         return results[0]
@@ -248,7 +267,11 @@ class JobDriver:
                 for a in g.actors:
                     a.request_stop.remote()
                 if self._train_refs:
-                    ray.wait(self._train_refs, num_returns=len(self._train_refs), timeout=self.timing.stop_grace_s)
+                    ray.wait(
+                        self._train_refs,
+                        num_returns=len(self._train_refs),
+                        timeout=self.timing.stop_grace_s,
+                    )
                 self.forwarder.drain(g)
             except Exception as e:  # the ranks are released below whatever happened here
                 log.warning("stopping the ranks gracefully failed (%s); releasing them", short(e))
@@ -292,7 +315,11 @@ class _ReportLogHandler(logging.Handler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         env = DriverEnv()  # fields come from the RINGTRAIN_* environment
@@ -343,11 +370,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             rc = JobDriver(env, reporter, cancel).run()
     except SystemExit as e:
-        if e.code in (signal.SIGTERM, int(signal.SIGTERM)) or cancel.is_set():  # stopped while connecting
+        if (
+            e.code in (signal.SIGTERM, int(signal.SIGTERM)) or cancel.is_set()
+        ):  # stopped while connecting
             reporter.state(JobState.CANCELLED, "stopped on request before training started")
             rc = 0
         else:
-            reporter.state(JobState.FAILED, f"driver exited: {e.code}", error=f"SystemExit({e.code})")
+            reporter.state(
+                JobState.FAILED, f"driver exited: {e.code}", error=f"SystemExit({e.code})"
+            )
             rc = 1
     except BaseException as e:  # ray.init failed, or the like: report it rather than die silently
         msg = f"driver could not run: {type(e).__name__}: {e}"
@@ -358,7 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("ringtrain").removeHandler(handler)
         delivered = reporter.close(timeout_s=5.0 if cancel.is_set() else 30.0)
         if not delivered:
-            print(f"warning: {reporter.pending()} report item(s) not delivered: {reporter.last_error}", flush=True)
+            print(
+                f"warning: {reporter.pending()} report item(s) not delivered: {reporter.last_error}",
+                flush=True,
+            )
         with contextlib.suppress(Exception):
             ray.shutdown()
     return rc

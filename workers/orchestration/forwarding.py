@@ -44,7 +44,9 @@ class MetricForwarder:
                 continue
             except ray.exceptions.GetTimeoutError:
                 continue
-            points += [(p.step, r, i, p) for i, p in enumerate(batch) if p.rank is not None or r == 0]
+            points += [
+                (p.step, r, i, p) for i, p in enumerate(batch) if p.rank is not None or r == 0
+            ]
         points.sort(key=lambda t: t[:3])
         self.send([p for *_, p in points])
         if lost is not None:

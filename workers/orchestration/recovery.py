@@ -31,7 +31,10 @@ class Delivered:
         self.reset(through)
 
     def reset(self, through: int) -> None:
-        self._through: dict[int | None, int] = {None: through, **{r: through for r in range(self.world)}}
+        self._through: dict[int | None, int] = {
+            None: through,
+            **{r: through for r in range(self.world)},
+        }
 
     def record(self, point: MetricPoint) -> None:
         self._through[point.rank] = max(self._through.get(point.rank, 0), point.step - 1)
@@ -47,7 +50,9 @@ class Delivered:
 class ResumePlan:
     step: int  # the checkpoint to continue from (0: from scratch)
     replay: list[MetricPoint]  # journal points after the watermark, through `step`, in step order
-    ran_before: bool = False  # an earlier run of this job wrote metrics here (its later points must be superseded)
+    ran_before: bool = (
+        False  # an earlier run of this job wrote metrics here (its later points must be superseded)
+    )
 
 
 def plan_resume(checkpoint_dir: str | Path, delivered: Delivered) -> ResumePlan:

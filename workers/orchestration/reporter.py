@@ -29,7 +29,15 @@ from collections.abc import Callable
 import httpx
 import tenacity
 
-from workers.protocol import JobState, LogItem, MetricItem, MetricPoint, RankPlacement, ReportAck, StateItem
+from workers.protocol import (
+    JobState,
+    LogItem,
+    MetricItem,
+    MetricPoint,
+    RankPlacement,
+    ReportAck,
+    StateItem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +62,12 @@ class Reporter:
     ) -> None:
         self.url = f"{control_url.rstrip('/')}/v1/jobs/{job_id}/report"
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self._queue: deque[tuple[_Factory, bool]] = deque()  # (factory, droppable), not numbered yet
-        self._window: list[ReportItemT] = []  # numbered, sent at least once or about to be, not acked
+        self._queue: deque[tuple[_Factory, bool]] = (
+            deque()
+        )  # (factory, droppable), not numbered yet
+        self._window: list[
+            ReportItemT
+        ] = []  # numbered, sent at least once or about to be, not acked
         self._next_seq = 1
         self.acked_seq = 0
         self._handshake_done = not handshake
@@ -70,7 +82,9 @@ class Reporter:
         self.failures = 0  # consecutive failed requests
         self.delivered = 0  # items acknowledged so far
         self.last_error: str | None = None
-        self.ended: str | None = None  # the terminal state the control plane answered with (409 job_ended)
+        self.ended: str | None = (
+            None  # the terminal state the control plane answered with (409 job_ended)
+        )
         self._client = httpx.Client(timeout=request_timeout_s, transport=transport)
         self._thread = threading.Thread(target=self._run, name="ringtrain-reporter", daemon=True)
         self._thread.start()
@@ -86,7 +100,9 @@ class Reporter:
             if self._dropped and (not droppable or len(self._queue) < self._max_queue // 2):
                 n, self._dropped = self._dropped, 0
                 msg = f"report queue full: dropped {n} metric/log items"
-                self._queue.append((lambda s: LogItem(seq=s, time=time.time(), source="driver", line=msg), False))
+                self._queue.append(
+                    (lambda s: LogItem(seq=s, time=time.time(), source="driver", line=msg), False)
+                )
             self._queue.append((factory, droppable))
             self._cond.notify_all()
             return True
@@ -120,11 +136,15 @@ class Reporter:
         """Queue a point; `replay`: re-sent after a failure (the server skips it if it already holds it).
         Replays are never dropped: they are what a retry must not lose."""
         data = point.model_dump()
-        return self._enqueue(lambda s: MetricItem(seq=s, replay=replay, **data), droppable=not replay)
+        return self._enqueue(
+            lambda s: MetricItem(seq=s, replay=replay, **data), droppable=not replay
+        )
 
     def log(self, line: str, source: str = "driver") -> bool:
         now = time.time()
-        return self._enqueue(lambda s: LogItem(seq=s, time=now, source=source[:100], line=line[:20000]), True)
+        return self._enqueue(
+            lambda s: LogItem(seq=s, time=now, source=source[:100], line=line[:20000]), True
+        )
 
     def pending(self) -> int:
         with self._cond:
@@ -133,7 +153,9 @@ class Reporter:
     # -- sender thread -------------------------------------------------------------------------------------------
     def _run(self) -> None:
         send = tenacity.Retrying(
-            wait=tenacity.wait_exponential(multiplier=0.1, max=self._backoff_max_s),  # 0.1 s, doubling, capped
+            wait=tenacity.wait_exponential(
+                multiplier=0.1, max=self._backoff_max_s
+            ),  # 0.1 s, doubling, capped
             retry=tenacity.retry_if_result(lambda ok: not ok),
             stop=lambda _: self._closing,
             sleep=self._pause,
@@ -141,7 +163,12 @@ class Reporter:
         )
         while True:
             with self._cond:
-                while not self._closing and not self._queue and not self._window and self._handshake_done:
+                while (
+                    not self._closing
+                    and not self._queue
+                    and not self._window
+                    and self._handshake_done
+                ):
                     self._cond.wait(timeout=self._interval_s)
                 if self._closing and not self._queue and not self._window:
                     return
@@ -182,7 +209,9 @@ class Reporter:
                 return self._fail(f"409 without acked_seq: {resp.text[:200]}")
             self._ack(acked, rebase=True)
             return True  # resend from acked + 1 at once
-        if not batch and resp.status_code == 422:  # a server that refuses empty batches: assume a fresh job
+        if (
+            not batch and resp.status_code == 422
+        ):  # a server that refuses empty batches: assume a fresh job
             self._ack(0, rebase=False)
             return True
         if resp.status_code in (400, 413, 422) and batch:
@@ -230,9 +259,14 @@ class Reporter:
             self.acked_seq = max(self.acked_seq, acked)
             if rebase and self._window and self._window[0].seq != acked + 1:
                 log.warning(
-                    "server is at seq %d, our oldest unacked item is %d: renumbering", acked, self._window[0].seq
+                    "server is at seq %d, our oldest unacked item is %d: renumbering",
+                    acked,
+                    self._window[0].seq,
                 )
-                self._window = [it.model_copy(update={"seq": acked + 1 + i}) for i, it in enumerate(self._window)]
+                self._window = [
+                    it.model_copy(update={"seq": acked + 1 + i})
+                    for i, it in enumerate(self._window)
+                ]
                 self._next_seq = acked + 1 + len(self._window)
             self._cond.notify_all()
 

@@ -189,7 +189,9 @@ def reserve(
             )
             for i in range(world)
         ]
-        infos: list[RankInfo] = ray_get([a.info.remote() for a in group.actors], actor_start_timeout_s, cancelled)
+        infos: list[RankInfo] = ray_get(
+            [a.info.remote() for a in group.actors], actor_start_timeout_s, cancelled
+        )
         group.locations = [WorkerLocation(i.node_id, i.node_ip, i.gpu_ids) for i in infos]
         group.pids = [i.pid for i in infos]
         # Each replica's sequence group is a contiguous block of ranks, on as few nodes as possible.
@@ -221,4 +223,6 @@ def init_group(group: RankGroup, cancelled: Callable[[], bool], timeout_s: float
         for a in group.assignments
     ]
     ray_get(refs, timeout_s, cancelled)
-    group.attention_backend = str(ray_get([group.actor(0).attention_backend.remote()], 60, cancelled)[0])
+    group.attention_backend = str(
+        ray_get([group.actor(0).attention_backend.remote()], 60, cancelled)[0]
+    )

@@ -66,7 +66,9 @@ def _dcp(single: bool) -> Iterator[None]:
     """DCP warns on every single-process save/load that it assumes one process: that is the intent here."""
     with warnings.catch_warnings():
         if single:
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            warnings.filterwarnings(
+                "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+            )
         yield
 
 
@@ -158,7 +160,9 @@ def save_checkpoint(
     _barrier()
     single = _dist()[1] == 1
     with _dcp(single):
-        dcp_save(_tensor_state(model, optimizer), checkpoint_id=tmp, no_dist=single)  # collective; fsyncs
+        dcp_save(
+            _tensor_state(model, optimizer), checkpoint_id=tmp, no_dist=single
+        )  # collective; fsyncs
     rng_file = tmp / f"rng-rank{rank:05d}.pt"
     torch.save(rng_state(), rng_file)
     _fsync(rng_file)
@@ -167,7 +171,9 @@ def save_checkpoint(
         torch.save({"step": step, **state}, tmp / STATE_FILE)
         _fsync(tmp / STATE_FILE)
         _fsync(tmp)
-        if final.exists():  # re-saving a step (e.g. after a restart): swap, never leave a half state
+        if (
+            final.exists()
+        ):  # re-saving a step (e.g. after a restart): swap, never leave a half state
             _hide(final)
         tmp.rename(final)
         for old_step in list_steps(root)[:-keep]:
@@ -188,14 +194,20 @@ def load_checkpoint(
     tensors = _tensor_state(model, optimizer)
     single = _dist()[1] == 1
     with _dcp(single):
-        dcp_load(tensors, checkpoint_id=path, no_dist=single)  # raises naming any key the checkpoint lacks
+        dcp_load(
+            tensors, checkpoint_id=path, no_dist=single
+        )  # raises naming any key the checkpoint lacks
     if optimizer is None:
         set_model_state_dict(model, tensors["model"])
     else:
-        set_state_dict(model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"])
+        set_state_dict(
+            model, optimizer, model_state_dict=tensors["model"], optim_state_dict=tensors["optim"]
+        )
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     rng_file = path / f"rng-rank{rank:05d}.pt"
-    if rng_file.exists():  # a different world size has no file for new ranks; their RNG is not used for math
+    if (
+        rng_file.exists()
+    ):  # a different world size has no file for new ranks; their RNG is not used for math
         set_rng_state(torch.load(rng_file, weights_only=False))
     return state
 

@@ -39,7 +39,9 @@ def cell_name(length: int, depth: float, metric: str = metrics.PASSKEY_ACC.name)
 
 
 @torch.no_grad()
-def passkey_accuracy(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.device) -> dict[str, float]:
+def passkey_accuracy(
+    model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.device
+) -> dict[str, float]:
     """Collective over all ranks; every rank gets the same dict:
 
     {"passkey_acc": mean over cells, cell_name(L, d): exact-match accuracy,
@@ -59,11 +61,15 @@ def passkey_accuracy(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.
     per_token: dict[str, float] = {}
     for length in spec.eval_context_lengths():
         for depth in spec.eval.depths:
-            counts = torch.zeros(2, n, dtype=torch.float32, device=device)  # [wrong, answer tokens] per sample
+            counts = torch.zeros(
+                2, n, dtype=torch.float32, device=device
+            )  # [wrong, answer tokens] per sample
             mine = list(range(mesh.dp_index, n, mesh.data_parallel))
             # Every rank runs the same number of forwards (FSDP's gathers are collective over all ranks):
             # a replica with fewer samples runs its last rounds on sample 0 and ignores the result.
-            for start in range(0, math.ceil(math.ceil(n / mesh.data_parallel) / chunk) * chunk, chunk):
+            for start in range(
+                0, math.ceil(math.ceil(n / mesh.data_parallel) / chunk) * chunk, chunk
+            ):
                 ids = mine[start : start + chunk]
                 run = ids or [0]
                 samples = [
@@ -71,13 +77,16 @@ def passkey_accuracy(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.
                         length,
                         digits,
                         depth,
-                        sample_generator(spec.train.seed ^ EVAL_SALT, length, round(depth * 1e4), i),
+                        sample_generator(
+                            spec.train.seed ^ EVAL_SALT, length, round(depth * 1e4), i
+                        ),
                         tokenizer=tokenizer,
                     )
                     for i in run
                 ]
                 batch = from_windows(
-                    torch.stack([s.tokens for s in samples]), torch.stack([s.answer_mask() for s in samples])
+                    torch.stack([s.tokens for s in samples]),
+                    torch.stack([s.answer_mask() for s in samples]),
                 )
                 local = take_shard(
                     batch,

@@ -45,4 +45,6 @@ class Lease:
 
     def check(self) -> None:
         if not self.held():
-            raise Fenced(f"checkpoint directory {self.path.parent} now belongs to a newer attempt; this one stops")
+            raise Fenced(
+                f"checkpoint directory {self.path.parent} now belongs to a newer attempt; this one stops"
+            )

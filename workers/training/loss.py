@@ -34,7 +34,11 @@ class _LinearCrossEntropySum(torch.autograd.Function):
         acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         total = torch.zeros((), dtype=acc, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if hidden.requires_grad else None
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if weight.requires_grad else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=acc, device=weight.device)
+            if weight.requires_grad
+            else None
+        )
         w = weight.to(hidden.dtype)
         for start in range(0, hidden.shape[0], chunk):
             h = hidden[start : start + chunk]
@@ -87,13 +91,20 @@ def linear_cross_entropy_sum(
         raise ValueError(f"chunk must be ≥ 1, got {chunk}")
     with torch.autocast(hidden.device.type, enabled=False):  # dtypes are handled explicitly inside
         return _LinearCrossEntropySum.apply(
-            hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), token_weights.reshape(-1), chunk
+            hidden.reshape(-1, hidden.shape[-1]),
+            weight,
+            labels.reshape(-1),
+            token_weights.reshape(-1),
+            chunk,
         )
 
 
 @torch.no_grad()
 def token_losses(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = DEFAULT_CHUNK_TOKENS
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int = DEFAULT_CHUNK_TOKENS,
 ) -> torch.Tensor:
     """Per-token cross-entropy [...] (fp32, no gradient), `chunk` tokens of logits at a time: for evals that
     need losses per position (validation by position bucket) without whole-shard logits."""

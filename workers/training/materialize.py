@@ -28,7 +28,9 @@ def parameters_on_meta() -> Iterator[None]:
     """Every parameter registered inside goes to `meta`; buffers keep their real values."""
     register = nn.Module.register_parameter
 
-    def on_meta(self: nn.Module, name: str, param: nn.Parameter | None) -> None:  # named as the method it replaces
+    def on_meta(
+        self: nn.Module, name: str, param: nn.Parameter | None
+    ) -> None:  # named as the method it replaces
         if param is not None and param.device.type != "meta":
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         register(self, name, param)

@@ -58,7 +58,9 @@ class Mesh:
         return self.world > 1
 
 
-def build_mesh(ring_size: int, data_parallel: int, ulysses_size: int = 1, device_type: str = "cpu") -> Mesh:
+def build_mesh(
+    ring_size: int, data_parallel: int, ulysses_size: int = 1, device_type: str = "cpu"
+) -> Mesh:
     """The mesh over the initialized default group (collective: all ranks call it, in the same order).
 
     Without torch.distributed only a world of one is possible, and there is nothing to shard over."""
@@ -70,7 +72,9 @@ def build_mesh(ring_size: int, data_parallel: int, ulysses_size: int = 1, device
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != dims.world_size:
         raise RuntimeError(f"world size {world} != {dims.describe()}")
-    mesh = init_device_mesh(device_type, (data_parallel, ring_size, ulysses_size), mesh_dim_names=DIMS)
+    mesh = init_device_mesh(
+        device_type, (data_parallel, ring_size, ulysses_size), mesh_dim_names=DIMS
+    )
     return Mesh(
         rank=rank,
         world=world,

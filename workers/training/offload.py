@@ -45,7 +45,9 @@ class BlockInputOffload:
 
     device: torch.device
     stash: list[_Stashed] = field(default_factory=list)
-    offloaded_bytes: int = 0  # largest total held on the host in one step (for the memory breakdown)
+    offloaded_bytes: int = (
+        0  # largest total held on the host in one step (for the memory breakdown)
+    )
 
     def __post_init__(self) -> None:
         self.cuda = self.device.type == "cuda"
@@ -94,7 +96,9 @@ class BlockInputOffload:
             if self.stash[position].restored is not None:
                 torch.cuda.current_stream(self.device).wait_event(self.stash[position].restored)
             if position > 0:
-                self._bring_back(position - 1)  # prefetch: overlaps this block's recompute and backward
+                self._bring_back(
+                    position - 1
+                )  # prefetch: overlaps this block's recompute and backward
 
         return hook
 
@@ -106,9 +110,13 @@ class BlockInputOffload:
         entry.back = True
         if not entry.released:
             return
-        x.untyped_storage().resize_(entry.nbytes)  # allocated on the compute stream, where it is used
+        x.untyped_storage().resize_(
+            entry.nbytes
+        )  # allocated on the compute stream, where it is used
         if not self.cuda:
-            x.data.copy_(entry.host)  # `.data`: the same bytes back, without bumping autograd's version
+            x.data.copy_(
+                entry.host
+            )  # `.data`: the same bytes back, without bumping autograd's version
             return
         assert self.side is not None
         self.side.wait_stream(torch.cuda.current_stream(self.device))
@@ -122,7 +130,9 @@ class BlockInputOffload:
 def _owns_storage(x: torch.Tensor) -> bool:
     """True when `x` is the whole of its storage: releasing the storage then frees nothing else."""
     return (
-        x.is_contiguous() and x.storage_offset() == 0 and x.untyped_storage().nbytes() == x.numel() * x.element_size()
+        x.is_contiguous()
+        and x.storage_offset() == 0
+        and x.untyped_storage().nbytes() == x.numel() * x.element_size()
     )
 
 
@@ -132,7 +142,9 @@ def offload_block_inputs(layers: nn.ModuleList, device: torch.device) -> BlockIn
     for index, block in enumerate(layers):
         inner = block.forward
 
-        def forward(x: torch.Tensor, *args: Any, _inner: Any = inner, _index: int = index, **kwargs: Any) -> Any:
+        def forward(
+            x: torch.Tensor, *args: Any, _inner: Any = inner, _index: int = index, **kwargs: Any
+        ) -> Any:
             y = _inner(x, *args, **kwargs)
             out = y[0] if isinstance(y, tuple) else y
             if isinstance(out, torch.Tensor):

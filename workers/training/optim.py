@@ -30,7 +30,9 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         {"params": no_decay, "weight_decay": 0.0},
     ]
     # foreach=False: the plain per-parameter loop is deterministic and identical on every rank.
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False)
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False
+    )
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -57,7 +59,9 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
         return 0.0
-    total = torch.nn.utils.get_total_norm([p.grad for p in with_grad if p.grad is not None], 2.0, foreach=False)
+    total = torch.nn.utils.get_total_norm(
+        [p.grad for p in with_grad if p.grad is not None], 2.0, foreach=False
+    )
     if isinstance(total, DTensor):
         total = total.full_tensor()  # collective: the norm over every rank's shards
     if max_norm > 0:
@@ -72,7 +76,9 @@ def _local_bytes(t: torch.Tensor) -> int:
 
 def state_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
     """Bytes of parameters + gradients + optimizer state this rank holds (its shards, under FSDP)."""
-    total = sum(_local_bytes(p) + (_local_bytes(p.grad) if p.grad is not None else 0) for p in params)
+    total = sum(
+        _local_bytes(p) + (_local_bytes(p.grad) if p.grad is not None else 0) for p in params
+    )
     for state in optimizer.state.values():
         total += sum(_local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
     return total

@@ -45,7 +45,9 @@ class _TiledMLP(torch.autograd.Function):
         with torch.no_grad():
             for piece in rows.tensor_split(tiles, dim=0):
                 y = forward(piece)
-                if out is None:  # the output's dtype is the MLP's (bf16 under autocast), not the input's
+                if (
+                    out is None
+                ):  # the output's dtype is the MLP's (bf16 under autocast), not the input's
                     out = y.new_empty(rows.shape[0], y.shape[-1])
                 out[start : start + piece.shape[0]] = y
                 start += piece.shape[0]
@@ -63,11 +65,15 @@ class _TiledMLP(torch.autograd.Function):
         grad_x = torch.empty_like(rows) if want_x else None
         grad_params: list[torch.Tensor | None] = [None] * len(params)
         start = 0
-        for piece, grad_piece in zip(rows.tensor_split(ctx.tiles), grad_rows.tensor_split(ctx.tiles), strict=True):
+        for piece, grad_piece in zip(
+            rows.tensor_split(ctx.tiles), grad_rows.tensor_split(ctx.tiles), strict=True
+        ):
             piece = piece.detach().requires_grad_(want_x)
             with torch.enable_grad():
                 y = ctx.forward(piece)
-            grads = torch.autograd.grad(y, ([piece] if want_x else []) + params, grad_piece, allow_unused=True)
+            grads = torch.autograd.grad(
+                y, ([piece] if want_x else []) + params, grad_piece, allow_unused=True
+            )
             if grad_x is not None:
                 grad_x[start : start + piece.shape[0]] = grads[0]
                 grads = grads[1:]

@@ -65,13 +65,19 @@ class StepStats:
     grad_norm: float
     seconds: float
     stop_requested: bool
-    state_bytes: int  # parameters + gradients + optimizer state held by this rank, at the optimizer step
-    tokens: int  # global tokens of the step (a curriculum's shorter contexts count as what they are)
+    state_bytes: (
+        int  # parameters + gradients + optimizer state held by this rank, at the optimizer step
+    )
+    tokens: (
+        int  # global tokens of the step (a curriculum's shorter contexts count as what they are)
+    )
 
 
 def default_device() -> torch.device:
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        return torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        )
     return torch.device("cpu")
 
 
@@ -139,7 +145,11 @@ class Trainer:
             state = load_checkpoint(self.checkpoint_dir, step, self.model, self.optimizer)
             self.scheduler.load_state_dict(state["scheduler"])
             self.data.load_state_dict(state["data"])
-            self.step, self.resumed_from, self.last_loss = step, step, state.get("extra", {}).get("loss")
+            self.step, self.resumed_from, self.last_loss = (
+                step,
+                step,
+                state.get("extra", {}).get("loss"),
+            )
             saved = state.get("extra", {}).get("spec", {}).get("parallel")
             moved = saved != self.spec.parallel.model_dump(mode="json")
             self.needs_verification = self.spec.verify.enabled and moved
@@ -172,17 +182,28 @@ class Trainer:
         state = {
             "scheduler": self.scheduler.state_dict(),
             "data": self.data.state_dict(),
-            "extra": {"loss": self.last_loss, "world": self.mesh.world, "spec": self.spec.model_dump(mode="json")},
+            "extra": {
+                "loss": self.last_loss,
+                "world": self.mesh.world,
+                "spec": self.spec.model_dump(mode="json"),
+            },
         }
         save_checkpoint(
-            self.checkpoint_dir, self.step, self.model, state, keep=self.spec.checkpoint.keep, optimizer=self.optimizer
+            self.checkpoint_dir,
+            self.step,
+            self.model,
+            state,
+            keep=self.spec.checkpoint.keep,
+            optimizer=self.optimizer,
         )
 
     def export(self) -> None:
         """The finished model as a transformers directory, `<checkpoint dir>/model/` (collective: all ranks call)."""
         if self.checkpoint_dir is not None:
             longest = max(self.spec.data.seq_len, *self.spec.eval_context_lengths())
-            save_pretrained(self.model, self.checkpoint_dir / "model", max_position_embeddings=longest)
+            save_pretrained(
+                self.model, self.checkpoint_dir / "model", max_position_embeddings=longest
+            )
 
     # -- metrics -------------------------------------------------------------------------------------------------
     def point(self, name: str, value: float, rank: int | None = None) -> None:
@@ -196,7 +217,9 @@ class Trainer:
             return
         results = {}
         if isinstance(self.data, TokensSource):  # held-out documents of a prepared dataset
-            results.update(validation_loss(self.model, self.data, self.spec, self.mesh, self.device))
+            results.update(
+                validation_loss(self.model, self.data, self.spec, self.mesh, self.device)
+            )
         results.update(passkey_accuracy(self.model, self.spec, self.mesh, self.device))
         for name, value in results.items():
             if self.mesh.rank == 0:
@@ -248,7 +271,9 @@ class Trainer:
             # packed documents: RoPE positions restart per document, attention stays inside each one
             positions = local.positions if local.doc_positions is None else local.doc_positions
             hidden = self.model.features(local.inputs, positions, cu_seqlens=local.cu_seqlens)
-        loss_sum = linear_cross_entropy_sum(hidden, self.model.output_weight, local.labels, local.weights)
+        loss_sum = linear_cross_entropy_sum(
+            hidden, self.model.output_weight, local.labels, local.weights
+        )
         loss_sum.backward()
         return loss_sum.detach().float()
 
@@ -261,12 +286,18 @@ class Trainer:
         local = self.local_batch()
         loss_sum = self.forward_backward(local)
         stop_flag = 1.0 if self.stop is not None and self.stop.is_set() else 0.0
-        stats = torch.stack([loss_sum, local.weights.sum().float(), torch.tensor(stop_flag, device=self.device)])
+        stats = torch.stack(
+            [loss_sum, local.weights.sum().float(), torch.tensor(stop_flag, device=self.device)]
+        )
         if self.mesh.distributed:
-            dist.all_reduce(stats)  # the gradients were summed by FSDP's reduce-scatter during backward
+            dist.all_reduce(
+                stats
+            )  # the gradients were summed by FSDP's reduce-scatter during backward
         total_weight = stats[1].clamp_min(1e-12)
         for p in self.params:
-            if p.grad is not None:  # an unused parameter has no gradient: AdamW skips it, as on one process
+            if (
+                p.grad is not None
+            ):  # an unused parameter has no gradient: AdamW skips it, as on one process
                 p.grad.div_(total_weight)
         grad_norm = clip_grad_norm(self.params, self.spec.train.grad_clip)
         self.optimizer.step()
@@ -277,8 +308,18 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.step += 1
         self.last_loss = float(stats[0] / total_weight)
-        tokens = local.inputs.numel() * self.mesh.world  # every rank holds an equal share of the global batch
-        return StepStats(self.last_loss, lr, grad_norm, time.perf_counter() - t0, bool(stats[2] > 0), held, tokens)
+        tokens = (
+            local.inputs.numel() * self.mesh.world
+        )  # every rank holds an equal share of the global batch
+        return StepStats(
+            self.last_loss,
+            lr,
+            grad_norm,
+            time.perf_counter() - t0,
+            bool(stats[2] > 0),
+            held,
+            tokens,
+        )
 
     def report(self, s: StepStats) -> None:
         if self.mesh.rank == 0:
@@ -349,6 +390,8 @@ def run_training(
     `resume_step`: the checkpoint to continue from (0: from scratch); None: the newest one in `checkpoint_dir`.
     `lease`: the attempt's hold on `checkpoint_dir` (the Ray driver's fencing); None: no other writer can exist.
     """
-    trainer = Trainer(spec, checkpoint_dir=checkpoint_dir, emit=emit, stop=stop, device=device, lease=lease)
+    trainer = Trainer(
+        spec, checkpoint_dir=checkpoint_dir, emit=emit, stop=stop, device=device, lease=lease
+    )
     trainer.load(trainer.latest_checkpoint() if resume_step is None else resume_step)
     return trainer.train(max_steps)

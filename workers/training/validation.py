@@ -49,7 +49,9 @@ def validation_loss(
     was_training = model.training
     model.eval()
     edges = torch.tensor(bucket_edges(spec.data.seq_len), device=device)
-    sums = torch.zeros(2, len(edges) - 1, dtype=torch.float64, device=device)  # [loss, weight] per bucket
+    sums = torch.zeros(
+        2, len(edges) - 1, dtype=torch.float64, device=device
+    )  # [loss, weight] per bucket
     for batch in batches:
         local = take_shard(
             batch,

@@ -49,7 +49,9 @@ def upgrade() -> None:
     op.create_table(
         "transitions",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("time", sa.Float(), nullable=False),
         sa.Column("from_state", sa.String(16), nullable=True),
@@ -61,7 +63,9 @@ def upgrade() -> None:
     op.create_table(
         "metric_points",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("step", sa.BigInteger(), nullable=False),
         sa.Column("name", sa.String(200), nullable=False),
@@ -75,7 +79,9 @@ def upgrade() -> None:
     op.create_table(
         "logs",
         sa.Column("id", BigId, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "job_id", sa.String(32), sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("time", sa.Float(), nullable=False),
         sa.Column("source", sa.String(100), nullable=False),

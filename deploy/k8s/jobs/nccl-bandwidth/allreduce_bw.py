@@ -35,9 +35,16 @@ def measure(size_bytes: int, iters: int, device: torch.device) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
-    ap.add_argument("--sizes-mb", default="1,16,256,1024", help="comma-separated message sizes in MiB")
+    ap.add_argument(
+        "--sizes-mb", default="1,16,256,1024", help="comma-separated message sizes in MiB"
+    )
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--min-busbw-gbps", type=float, default=0.0, help="fail below this (GB/s) at the largest size")
+    ap.add_argument(
+        "--min-busbw-gbps",
+        type=float,
+        default=0.0,
+        help="fail below this (GB/s) at the largest size",
+    )
     args = ap.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -62,7 +69,10 @@ def main() -> int:
     ok = busbw >= args.min_busbw_gbps
     if rank == 0:
         verdict = "ok" if ok else f"FAIL: below {args.min_busbw_gbps:g} GB/s"
-        print(f"world {n}  backend {args.backend}  largest-size busbw {busbw:.2f} GB/s  {verdict}", flush=True)
+        print(
+            f"world {n}  backend {args.backend}  largest-size busbw {busbw:.2f} GB/s  {verdict}",
+            flush=True,
+        )
     dist.destroy_process_group()
     return 0 if ok else 1
 

@@ -1,0 +1,178 @@
+"""End to end: real local Ray (session head from tests.support.ray_fixtures) + real server + real driver + tiny jobs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from api.cli import main
+from api.client import Client
+from service.launcher import DriverStatus
+from service.ray_jobs import RayJobLauncher
+from tests.integration.test_faults import each_key_once
+from tests.support.api_harness import ALICE, running, wait_for
+from tests.support.ray_fixtures import ray_head, ray_state  # noqa: F401  (session fixture)
+from workers.training.checkpoint import latest_step, list_steps
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny(steps: int, name: str = "e2e") -> dict:
+    return {
+        "name": name,
+        "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
+        "data": {"kind": "passkey", "seq_len": 128},
+        "parallel": {"ring_size": 2},
+        "train": {"steps": steps, "lr": 1e-3},
+        "checkpoint": {"every_steps": 0},
+        "eval": {"enabled": False},
+        "resources": {"accelerator": "cpu", "cpus_per_worker": 1},
+        "max_restarts": 0,
+    }
+
+
+@pytest.fixture
+def launcher(ray_head):  # noqa: F811
+    return RayJobLauncher(ray_head.jobs_url, auth_token=ray_head.auth_token, python=sys.executable)
+
+
+def job_actors(head, job_id: str) -> list[dict]:
+    return [
+        a for a in ray_state(head, "actors") if (a.get("name") or "").startswith(f"rt-{job_id}-")
+    ]
+
+
+def job_pgs(head, job_id: str) -> list[dict]:
+    return [
+        pg
+        for pg in ray_state(head, "placement_groups")
+        if (pg.get("name") or "").startswith(f"rt-{job_id}-")
+    ]
+
+
+def e2e_server(tmp_path: Path, launcher, **over):
+    return running(
+        tmp_path,
+        launcher,
+        reconcile_interval_s=1.0,
+        reconcile_grace_s=10.0,
+        scheduler_interval_s=0.2,
+        cancel_grace_s=60.0,
+        placement_timeout_s=120.0,
+        **over,
+    )
+
+
+def test_submit_succeeds_with_metrics_and_cli(tmp_path, launcher, capsys, monkeypatch):
+    with e2e_server(tmp_path, launcher) as srv:
+        c = Client(srv.url, ALICE)
+        job = c.submit(tiny(4))
+        end = [e for e in c.events(job.id, read_timeout=120)][-1]
+        got = c.get_job(job.id)
+        assert end.data["state"] == "SUCCEEDED", (got.error, c.logs(job.id).driver_log)
+        assert got.step == got.total_steps == 4
+        assert len(got.placement) == 2 and {p.rank for p in got.placement} == {0, 1}
+        names = {p.name for p in c.iter_metrics(job.id)}
+        assert {"loss", "tokens_per_s"} <= names
+        losses = [p for p in c.iter_metrics(job.id, names=["loss"])]
+        steps = [p.step for p in losses]
+        assert len(steps) == 4 and steps == sorted(set(steps)) and steps[-1] == 4
+        states = [t.to_state.value for t in got.transitions]
+        assert states[0] == "QUEUED" and states[-1] == "SUCCEEDED" and "RUNNING" in states
+        # the CLI against the same server: plan, then submit --follow
+        monkeypatch.setenv("RINGTRAIN_URL", srv.url)
+        monkeypatch.setenv("RINGTRAIN_TOKEN", ALICE)
+        spec = tmp_path / "tiny.yaml"
+        import yaml
+
+        spec.write_text(yaml.safe_dump(tiny(3, "cli")))
+        assert main(["plan", str(spec)]) == 0
+        out = capsys.readouterr().out
+        assert "placement" in out and "memory per rank" in out
+        assert main(["submit", str(spec), "--follow"]) == 0
+        out = capsys.readouterr().out
+        assert "SUCCEEDED" in out and "final loss" in out
+
+
+def test_cancel_running_job(tmp_path, launcher, ray_head):  # noqa: F811
+    with e2e_server(tmp_path, launcher) as srv:
+        c = Client(srv.url, ALICE)
+        job = c.submit(tiny(100000, "long"))
+        wait_for(lambda: c.get_job(job.id).state.value == "RUNNING", timeout=120, interval=0.5)
+        assert [pg["state"] for pg in job_pgs(ray_head, job.id)] == ["CREATED"]
+        assert sorted(a["state"] for a in job_actors(ray_head, job.id)) == ["ALIVE", "ALIVE"]
+        c.cancel(job.id)
+        c.cancel(job.id)
+        got = c.wait(job.id, timeout=90, poll_s=0.5)
+        assert got.state.value == "CANCELLED", got.error
+        assert [t.to_state.value for t in got.transitions] == [
+            "QUEUED",
+            "PLACING",
+            "RUNNING",
+            "CANCELLED",
+        ]
+        # on Ray: the driver's job stopped, both rank actors dead, the placement group removed (released, not leaked)
+        wait_for(lambda: launcher.status(got.submission_id).status.finished, timeout=60, interval=1)
+        assert launcher.status(got.submission_id).status == DriverStatus.STOPPED
+        wait_for(
+            lambda: all(a["state"] == "DEAD" for a in job_actors(ray_head, job.id)),
+            timeout=30,
+            interval=0.5,
+        )
+        wait_for(
+            lambda: all(pg["state"] == "REMOVED" for pg in job_pgs(ray_head, job.id)),
+            timeout=30,
+            interval=0.5,
+        )
+        assert len(job_actors(ray_head, job.id)) == 2 and len(job_pgs(ray_head, job.id)) == 1
+
+
+def test_control_plane_restart_reattaches(tmp_path, launcher):
+    """The control plane goes away while a job trains and comes back on the same port and database: the job
+    trains through the outage, outlives it, and ends SUCCEEDED with its plain history and every
+    point once."""
+    steps, every, outage_checkpoints = 300, 10, 3
+    spec = {**tiny(steps, "restart"), "checkpoint": {"every_steps": every, "keep": 3}}
+    with e2e_server(tmp_path, launcher) as srv:
+        port = srv.settings.port
+        c = Client(srv.url, ALICE)
+        job = c.submit(spec)
+        wait_for(lambda: c.get_job(job.id).step >= 1, timeout=120, interval=0.5)
+    # The control plane is down; the driver buffers its reports and retries. Training goes on: three more
+    # checkpoints appear on disk, and the job is still short of its last step when the control plane returns.
+    t_down = time.time()
+    ckpt = tmp_path / "ckpt" / job.id
+    before = latest_step(ckpt) or 0
+    wait_for(
+        lambda: (latest_step(ckpt) or 0) >= before + outage_checkpoints * every,
+        timeout=120,
+        interval=0.1,
+    )
+    assert (latest_step(ckpt) or 0) < steps, list_steps(ckpt)
+    t_up = time.time()
+    with e2e_server(tmp_path, launcher, port=port) as srv:
+        c = Client(srv.url, ALICE)
+        got = c.wait(job.id, timeout=240, poll_s=1)
+        assert got.state.value == "SUCCEEDED", (got.error, c.logs(job.id).driver_log[-3000:])
+        assert [t.to_state.value for t in got.transitions] == [
+            "QUEUED",
+            "PLACING",
+            "RUNNING",
+            "SUCCEEDED",
+        ]
+        # nothing lost, nothing doubled across the restart: each (step, name, rank), once
+        each_key_once([p.model_dump() for p in c.iter_metrics(job.id)], spec)
+        loss = list(c.iter_metrics(job.id, names=["loss"]))
+        # measured while nobody listened: at least the steps after the first of those checkpoints, through the last
+        during = [p for p in loss if t_down < p.time < t_up]
+        assert len(during) >= (outage_checkpoints - 1) * every, (t_down, t_up, len(during))
+        assert any(p.time > t_up for p in loss)  # and the job outlived the outage
+        driver_log = c.logs(job.id).driver_log
+        assert "report to" in driver_log and "failed" in driver_log, driver_log[
+            -3000:
+        ]  # refused, then retried

@@ -1,0 +1,124 @@
+"""The planner's memory estimate against measured peaks of real training runs (small models, CPU).
+
+`service.planner.memory_estimate(spec)["total_bytes"]` predicts what a rank reports as
+`mem_peak_bytes` (its peak resident memory over a step, allocator retention bounded:
+`workers.training.memory`); each knob changes the estimate as it changes the measurement.
+bench/memory.py runs the same comparison on the larger baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.planner import memory_estimate
+from tests.support.dist import run_distributed
+from tests.support.trainutil import one_thread, tiny_spec  # noqa: F401  (fixture)
+from workers.config import JobSpec
+
+TOLERANCE = 0.15
+
+
+def _peaks(rank: int, world: int, specs: list[str]) -> list[float]:
+    """Step 2's mem_peak_bytes of each spec on this rank (step 1 allocates the optimizer state)."""
+    from workers.training.trainer import run_training
+
+    peaks = []
+    for spec_json in specs:
+        points: list[Any] = []
+        run_training(
+            JobSpec.model_validate_json(spec_json),
+            checkpoint_dir=None,
+            emit=points.append,
+            max_steps=2,
+        )
+        peaks.append(max(p.value for p in points if p.name == "mem_peak_bytes" and p.step == 2))
+    return peaks
+
+
+def _spec(ring: int, seq: int, **train: Any) -> JobSpec:
+    return tiny_spec(
+        model={
+            "d_model": 256,
+            "n_layers": 4,
+            "n_heads": 8,
+            "n_kv_heads": 2,
+            "tie_embeddings": False,
+        },
+        data={"kind": "passkey", "seq_len": seq, "key_digits": 3, "answer_weight": 4.0},
+        parallel={"ring_size": ring, "data_parallel": 1, "layout": "zigzag"},
+        train={"steps": 2, "batch_size": 1, "warmup_steps": 0, **train},
+    )
+
+
+KNOBS: list[dict[str, Any]] = [
+    {"activation_checkpointing": "none"},
+    {"activation_checkpointing": "selective"},
+    {"activation_checkpointing": "full"},
+    {"activation_checkpointing": "full", "tiled_mlp": "auto"},
+]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize(("ring", "seq"), [(1, 4096), (2, 4096)])
+def test_estimate_predicts_the_measured_peak(ring: int, seq: int) -> None:
+    specs = [_spec(ring, seq, **k) for k in KNOBS]
+    jsons = [s.model_dump_json() for s in specs]
+    per_rank = (
+        run_distributed(_peaks, ring, jsons, timeout=1200) if ring > 1 else [_peaks(0, 1, jsons)]
+    )
+    errors = []
+    for i, spec in enumerate(specs):
+        measured = max(r[i] for r in per_rank)
+        estimate = memory_estimate(spec)["total_bytes"]
+        errors.append(
+            (
+                KNOBS[i],
+                round(measured / 1e6),
+                round(estimate / 1e6),
+                round(estimate / measured - 1, 3),
+            )
+        )
+    print("[memory plan] knobs, measured MB, estimate MB, error:", errors)
+    assert all(abs(e[-1]) <= TOLERANCE for e in errors), errors
+    # the knobs order the measured peaks as the estimate orders them: none > selective > full > full+tiled
+    measured = [e[1] for e in errors]
+    assert measured[0] > measured[1] > measured[3] and measured[2] > measured[3], errors
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_estimate_predicts_a_pretrained_models_peak(tmp_path: Any) -> None:
+    """transformers' Llama (its own MLP and attention modules, the knobs applied to them from outside)."""
+    from tests.support.hf_fixtures import CORPUS, write_checkpoint
+
+    model_dir, corpus = tmp_path / "llama", tmp_path / "corpus.txt"
+    write_checkpoint(
+        model_dir,
+        "llama",
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    corpus.write_text(CORPUS * 8)
+    knobs: list[dict[str, Any]] = [{}, {"activation_checkpointing": "full", "tiled_mlp": "auto"}]
+    specs = [
+        tiny_spec(
+            model={"kind": "hf", "path": str(model_dir)},
+            data={"kind": "text", "path": str(corpus), "seq_len": 4096},
+            train={"steps": 2, "batch_size": 1, "warmup_steps": 0, **k},
+        )
+        for k in knobs
+    ]
+    peaks = _peaks(0, 1, [s.model_dump_json() for s in specs])
+    errors = [
+        (k, round(p / 1e6), round(memory_estimate(s)["total_bytes"] / 1e6))
+        for k, p, s in zip(knobs, peaks, specs, strict=True)
+    ]
+    print("[memory plan] pretrained: knobs, measured MB, estimate MB:", errors)
+    assert all(abs(est / measured - 1) <= TOLERANCE for _, measured, est in errors), errors

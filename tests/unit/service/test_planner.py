@@ -1,0 +1,68 @@
+"""The planner without a server: parameter count from the real head layout, Ulysses × ring placement and the
+split it suggests for a cluster's GPUs per node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.launcher import ClusterInfo, NodeInfo
+from service.planner import param_count, plan, suggest_split
+from workers.config import JobSpec
+
+
+def _spec(**parallel: Any) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "p",
+            "model": {"d_model": 64, "n_layers": 2, "n_heads": 8, "n_kv_heads": 2},
+            "data": {"kind": "passkey", "seq_len": 1024},
+            "parallel": {"ring_size": 8, **parallel},
+            "resources": {"accelerator": "gpu"},
+        }
+    )
+
+
+def _gpu_cluster(nodes: int, gpus: int) -> ClusterInfo:
+    return ClusterInfo(
+        nodes=[
+            NodeInfo(f"n{i}", f"10.0.0.{i}", True, 32.0, 32.0, float(gpus), float(gpus))
+            for i in range(nodes)
+        ]
+    )
+
+
+def test_param_count_matches_the_built_model() -> None:
+    from workers.models import build_model
+
+    spec = _spec()
+    model = build_model(spec.model, 0)
+    assert param_count(spec) == sum(p.numel() for p in model.parameters())
+
+
+def test_suggests_ulysses_inside_a_node_and_the_ring_across() -> None:
+    spec = _spec()  # 8 ranks, 8 query / 2 kv heads
+    nodes = _gpu_cluster(2, 4).nodes
+    assert suggest_split(spec, nodes) == {
+        "ulysses_size": 4,
+        "ring_size": 2,
+    }  # 4 = kv heads 2 × 2 repeats: allowed
+    assert suggest_split(spec, _gpu_cluster(1, 8).nodes) == {"ulysses_size": 8, "ring_size": 1}
+    assert suggest_split(spec, _gpu_cluster(8, 1).nodes) == {"ulysses_size": 1, "ring_size": 8}
+    out = plan(spec, _gpu_cluster(2, 4))
+    assert out.fits and out.suggested_parallel == {"ulysses_size": 4, "ring_size": 2}
+    assert any("ulysses_size 4 × ring_size 2" in w for w in out.warnings)
+
+
+def test_usp_placement_keeps_a_replica_together() -> None:
+    spec = _spec(ring_size=2, ulysses_size=4)
+    out = plan(spec, _gpu_cluster(2, 4))
+    assert (
+        out.fits
+        and out.world_size == 8
+        and out.suggested_parallel == {"ulysses_size": 4, "ring_size": 2}
+    )
+    assert not any("suggested" in w for w in out.warnings)  # already the suggested split
+    assert [s.node_id for s in out.placement] == ["n0"] * 4 + [
+        "n1"
+    ] * 4  # each Ulysses group on one node
+    assert out.node_crossings == 2  # the ring of 8 leaves n0 once and comes back once

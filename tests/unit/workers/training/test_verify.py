@@ -1,0 +1,298 @@
+"""Pre-training verification: every supported shape passes, a wrong kernel fails the job early.
+
+The check (`workers.training.verify`) compares the job's distributed forward/backward (FSDP, ring or
+Ulysses x ring, packed documents) with the same model on the gathered sequence under dense one-rank
+attention. Here it runs on real gloo ranks: rings of 1-4 (3 included) on every layout, Ulysses,
+Ulysses x ring, data parallel, activation checkpointing, packed documents, native and pretrained (a
+tiny Qwen2 checkpoint) models, fp32 and bf16 (CPU autocast). A test-only kernel that drops every
+off-diagonal block, put in charge through the kernel registry (`kernels.use_kernel`), must fail the
+job before step 1 naming what diverged; a disabled check emits nothing; the loss curve is
+bit-identical with the check on or off; a resume onto another shape checks again, a retry from a
+checked start does not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.support.dist import run_distributed
+from tests.support.hf_fixtures import CORPUS, write_checkpoint
+from tests.support.trainutil import one_thread, series, tiny_spec, train
+from workers.attention.kernels import TorchCpuFlash
+from workers.config import JobSpec
+
+assert one_thread  # autouse fixture, imported to apply to this module
+
+
+def _document(i: int) -> str:
+    return f"document {i}: " + " ".join(f"w{(i * 7 + j) % 23}" for j in range(5 + 9 * (i % 5)))
+
+
+DOCS = "\n".join(_document(i) for i in range(40))
+VERIFY_NAMES = {
+    "verify_max_rel_err",
+    "verify_tolerance",
+    "verify_passed",
+    "verify_tokens",
+    "verify_seconds",
+}
+
+
+@dataclass(frozen=True)
+class DropsOffDiagonal(TorchCpuFlash):
+    """A wrong kernel: a block that is not a causal diagonal one adds nothing (a lost ring step)."""
+
+    name: str = "test_drops_off_diagonal"
+
+    def forward(self, q, k, v, causal, scale):
+        if causal:
+            return super().forward(q, k, v, causal, scale)
+        b, sq, h, _ = q.shape
+        return torch.zeros_like(q), torch.full((b, h, sq), -1e4, dtype=torch.float32)
+
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
+        if causal:
+            return super().backward(dout, q, k, v, out, lse, causal, scale)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+
+def _docs_spec(tmp: Path, **parallel: Any) -> JobSpec:
+    corpus = tmp / "docs.jsonl"
+    if not corpus.exists():
+        corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS.splitlines()))
+    return tiny_spec(
+        data={"kind": "text", "path": str(corpus), "seq_len": 96, "pack": "documents"},
+        parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel},
+    )
+
+
+def _hf_spec(tmp: Path, **parallel: Any) -> JobSpec:
+    model_dir = tmp / "qwen2"
+    if not model_dir.exists():
+        write_checkpoint(model_dir, "qwen2")
+    corpus = tmp / "corpus.txt"
+    corpus.write_text(CORPUS)
+    return tiny_spec(
+        model={"kind": "hf", "path": str(model_dir)},
+        data={"kind": "text", "path": str(corpus), "seq_len": 128},
+        parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel},
+    )
+
+
+def _shape(**parallel: Any) -> JobSpec:
+    return tiny_spec(parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel})
+
+
+def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Build each case's trainer and run the check in fp32 and in bf16 (CPU autocast)."""
+    from workers.training.trainer import Trainer
+    from workers.training.verify import verify
+
+    out = []
+    for label, spec_json in cases:
+        spec = JobSpec.model_validate_json(spec_json)
+        t = Trainer(spec, checkpoint_dir=None, emit=lambda p: None)
+        # bf16 under CPU autocast for native models only: with fp32 parameters transformers' RoPE
+        # output stays fp32 (q/k fp32, v bf16); bf16 training is CUDA, where parameters are bf16
+        for dtype in (None, torch.bfloat16) if spec.model.kind == "native" else (None,):
+            v = verify(
+                t.model,
+                spec,
+                t.mesh,
+                t.device,
+                ulysses_group=t._ulysses_group(),
+                autocast_dtype=dtype,
+            )
+            assert all(p.grad is None for p in t.model.parameters())  # nothing left for step 1
+            out.append({"case": label, **asdict(v), "passed": v.passed})
+    return out
+
+
+def _check(results: list[dict[str, Any]], cases: list[tuple[str, JobSpec]]) -> None:
+    assert len(results) == sum(2 if s.model.kind == "native" else 1 for _, s in cases)
+    for r in results:
+        fp32 = f"  fp32 ref {r['fp32_rel_err']:.2e}" if r["fp32_rel_err"] is not None else ""
+        print(
+            f"{r['case']:<32} {r['dtype']:<9} max_rel_err {r['max_rel_err']:.2e} ({r['worst']})"
+            f"{fp32} {r['seconds']:.2f}s"
+        )
+        assert r["passed"], r
+        assert r["max_rel_err"] > 0  # the two paths really are different computations
+        if r["dtype"] == "float32":
+            assert r["max_rel_err"] < 1e-5 and r["fp32_rel_err"] is None
+        else:  # bf16 rounding, no more
+            assert 1e-4 < r["max_rel_err"] < 3e-2 and 1e-4 < r["fp32_rel_err"] < 3e-2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_every_supported_shape_passes(tmp_path: Path) -> None:
+    one = [("ring 1 native", _shape()), ("ring 1 qwen2", _hf_spec(tmp_path))]
+    checkpointed = tiny_spec(parallel={"ring_size": 2}, train={"activation_checkpointing": True})
+    two = [
+        ("ring 2 zigzag", _shape(ring_size=2)),
+        ("ring 2 activation checkpointing", checkpointed),
+        ("ulysses 2", _shape(ulysses_size=2)),
+        ("ring 2 striped packed docs", _docs_spec(tmp_path, ring_size=2, layout="striped")),
+        ("ring 2 qwen2 packed docs", _hf_spec(tmp_path, ring_size=2)),
+    ]
+    three = [
+        ("ring 3 striped", _shape(ring_size=3, layout="striped")),
+        ("ring 3 packed docs", _docs_spec(tmp_path, ring_size=3)),
+    ]
+    four = [
+        ("ring 4 contiguous", _shape(ring_size=4, layout="contiguous")),
+        ("ulysses 2 x ring 2", _shape(ring_size=2, ulysses_size=2)),
+        ("dp 2 x ring 2 qwen2", _hf_spec(tmp_path, ring_size=2, data_parallel=2)),
+    ]
+    for world, cases in ((1, one), (2, two), (3, three), (4, four)):
+        jobs = [(name, spec.model_dump_json()) for name, spec in cases]
+        _check(run_distributed(_verify_all, world, jobs)[0], cases)
+
+
+def _train_broken(rank: int, world: int, spec_json: str) -> dict[str, Any]:
+    from workers.attention.kernels import use_kernel
+    from workers.training.trainer import run_training
+    from workers.training.verify import VerificationFailed
+
+    spec = JobSpec.model_validate_json(spec_json)
+    points: list[Any] = []
+    error = None
+    with use_kernel(DropsOffDiagonal()):
+        try:
+            run_training(spec, checkpoint_dir=None, emit=points.append)
+        except VerificationFailed as e:
+            error = str(e)
+    return {"error": error, "points": [p.model_dump() for p in points]}
+
+
+@pytest.mark.multiprocess
+def test_a_kernel_that_drops_a_block_fails_the_job_before_step_1() -> None:
+    results = run_distributed(_train_broken, 2, _shape(ring_size=2).model_dump_json())
+    errors = {r["error"] for r in results}
+    assert len(errors) == 1 and None not in errors  # every rank raises, with the same reason
+    reason = errors.pop()
+    assert reason.startswith("verification failed before step 1: ")
+    assert "largest difference from the one-rank reference in " in reason
+    assert "tolerance 0.0001 for float32" in reason
+    points = {p["name"]: p for p in results[0]["points"]}
+    assert "loss" not in points  # no step ran
+    assert points["verify_passed"]["value"] == 0.0 and points["verify_passed"]["step"] == 0
+    assert points["verify_max_rel_err"]["value"] > 0.05  # a lost block is no rounding error
+    assert f"{points['verify_max_rel_err']['value']:.3g}" in reason
+    assert not results[1]["points"]  # rank 0 reports the job's result
+
+
+def _on_off(rank: int, world: int, spec_on: str, spec_off: str) -> dict[str, Any]:
+    on = train(rank, world, spec_on, None, 3)["points"]
+    off = train(rank, world, spec_off, None, 3)["points"]
+    return {"on": on, "off": off}
+
+
+@pytest.mark.multiprocess
+def test_loss_curve_is_bit_identical_with_verification_on_or_off() -> None:
+    spec = _shape(ring_size=3, layout="striped")
+    off = spec.model_copy(update={"verify": spec.verify.model_copy(update={"enabled": False})})
+    r = run_distributed(_on_off, 3, spec.model_dump_json(), off.model_dump_json())[0]
+    assert len(series(r["on"], "loss")) == 3
+    for name in ("loss", "grad_norm"):
+        assert series(r["on"], name) == series(r["off"], name)  # exactly equal, not close
+    assert {p["name"] for p in r["on"] if p["name"].startswith("verify_")} == VERIFY_NAMES
+    # disabled: nothing run, nothing emitted
+    assert not [p for p in r["off"] if p["name"].startswith("verify_")]
+
+
+def _checked_at(points: list[dict[str, Any]]) -> list[int]:
+    return [p["step"] for p in points if p["name"] == "verify_passed"]
+
+
+def _resume(rank: int, world: int, spec_json: str, ckpt: str) -> list[list[int]]:
+    moved = train(rank, world, spec_json, ckpt, 4)["points"]  # a ring-1 checkpoint onto a ring of 2
+    same = train(rank, world, spec_json, ckpt, 6)["points"]  # its own ring-2 checkpoint
+    return [_checked_at(moved), _checked_at(same)]
+
+
+@pytest.mark.multiprocess
+def test_a_resume_onto_another_parallel_shape_verifies_again(tmp_path: Path) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    every_2 = _shape().checkpoint.model_copy(update={"every_steps": 2})
+    ring1 = _shape().model_copy(update={"checkpoint": every_2})
+    assert _checked_at(train(0, 1, ring1.model_dump_json(), ckpt, 2)["points"]) == [0]
+    two_ranks = ring1.parallel.model_copy(update={"ring_size": 2})
+    ring2 = ring1.model_copy(update={"parallel": two_ranks})
+    moved, same = run_distributed(_resume, 2, ring2.model_dump_json(), ckpt)[0]
+    assert moved == [2]
+    assert same == []
+
+
+def test_a_retry_from_the_same_start_does_not_verify_twice(tmp_path: Path) -> None:
+    """A second attempt starting where a verified one did (a driver lost before its first
+    checkpoint) finds the passed check in rank 0's journal: its points are stored already."""
+    from workers.training.trainer import run_training
+
+    spec = _shape()
+    for expected in ([0], []):
+        points: list[Any] = []
+        run_training(spec, checkpoint_dir=tmp_path, emit=points.append, max_steps=1, resume_step=0)
+        assert _checked_at([p.model_dump() for p in points]) == expected
+
+
+def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
+    """bf16 ring attention with every buffer the ring sends recorded, and its merged forward."""
+    import workers.attention.ring as ring
+    from workers.attention.comm import RingComm
+    from workers.attention.layouts import shard_positions
+    from workers.training.verify import dense_attention
+
+    sent: list[torch.dtype] = []
+
+    class Recording(RingComm):
+        def send_recv(self, send: torch.Tensor) -> None:
+            sent.append(send.dtype)
+            super().send_recv(send)
+
+    ring.RingComm = Recording  # type: ignore[misc]  # the real exchange, recorded
+    gen = torch.Generator().manual_seed(3)
+    s = 24 * world
+    q, dout = (torch.randn(1, s, 4, 16, generator=gen) for _ in range(2))
+    k, v = (torch.randn(1, s, 2, 16, generator=gen) for _ in range(2))
+    rows = shard_positions(s, "zigzag", rank, world)
+    mine = [x[:, rows].to(torch.bfloat16).requires_grad_() for x in (q, k, v)]
+    steps = ring._steps(mine[0], True, "zigzag", rank, world, 16**-0.5, None)
+    merged_out, merged_lse = ring._forward(*mine, steps, Recording(None), world, True)
+    forward_sends = list(sent)
+    out = ring.ring_attention(*mine, layout="zigzag")
+    out.backward(dout[:, rows].to(torch.bfloat16))
+    backward_sends = sent[2 * len(forward_sends) :]
+    full = [x.to(torch.bfloat16).float().requires_grad_() for x in (q, k, v)]
+    ref = dense_attention(*full)
+    ref.backward(dout.to(torch.bfloat16).float())
+    grads = [(m.grad, f.grad) for m, f in zip(mine, full, strict=True)]
+    pairs = [(out.detach(), ref.detach()), *grads]
+    return {
+        "merged": [str(merged_out.dtype), str(merged_lse.dtype)],
+        "forward_sends": [str(d) for d in forward_sends],
+        "backward_sends": [str(d) for d in backward_sends],
+        "grad_dtypes": [str(m.grad.dtype) for m in mine],
+        "errors": [float((a.float() - b[:, rows]).norm() / b[:, rows].norm()) for a, b in pairs],
+    }
+
+
+@pytest.mark.multiprocess
+def test_bf16_ring_merges_and_sends_gradients_in_fp32() -> None:
+    world = 3
+    bf16, fp32 = "torch.bfloat16", "torch.float32"
+    for r in run_distributed(_bf16_ring, world):
+        assert r["merged"] == [fp32, fp32]  # the online-softmax merge runs in fp32
+        assert r["forward_sends"] == [bf16] * (world - 1)  # K/V travel in the compute dtype
+        # backward: K/V on the way round (world - 1 sends), dK/dV one step behind them and all the
+        # way back home (world sends)
+        assert sorted(r["backward_sends"]) == sorted([bf16] * (world - 1) + [fp32] * world)
+        assert r["grad_dtypes"] == [bf16] * 3  # returned in the input dtype
+        assert max(r["errors"]) < 1e-2, r["errors"]  # bf16 inputs against fp32 math: rounding
