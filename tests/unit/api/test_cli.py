@@ -180,6 +180,7 @@ def test_status_list_and_follow_show_metrics_as_the_catalog_says(srv, capsys):
     assert code == 0
     metric_lines = out.split("  created")[1].split("\n", 1)[1].split("  history")[0].splitlines()
     assert metric_lines == [
+        "  verified  not yet",  # one verify_* point is not a verification (verify_passed is missing)
         "  loss               2.1000 nats/token  (step 4)",
         "  tokens_per_s       52.34k             (step 4)",
         "  step_time_s        310 ms             (step 4)",

@@ -340,7 +340,7 @@ def test_fairness_3_owners_30_jobs_each_on_a_cluster_that_holds_2(tmp_path: Path
         controller = srv.app.state.ctx.controller
         admit, hand_over, passes = controller._admit, controller._start, itertools.count(1)
         store = srv.app.state.ctx.store
-        read = store.active_jobs
+        read = store.jobs.active
         read_began: dict[int, float] = {}  # id of a Job row: when the read that made it began
         pass_read: dict[int, float] = {}  # pass → when its store read began
         this_pass = 0
