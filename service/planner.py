@@ -387,14 +387,14 @@ def device_memory(spec: JobSpec, cluster: ClusterInfo) -> tuple[int | None, str]
     if acc == "gpu":
         known = [n.gpu_memory_bytes for n in nodes if n.gpus_total > 0 and n.gpu_memory_bytes > 0]
         if not known:
-            return None, "the cluster does not report its GPUs' memory: give memory_per_rank_gib"
+            return None, "the cluster does not report its GPUs' memory"
         return int(min(known)), "the smallest GPU's memory"
     cpw = spec.resources.cpus_per_worker
     shares = [
         n.memory_bytes / n.cpus_total * cpw for n in nodes if n.memory_bytes > 0 and n.cpus_total
     ]
     if not shares:
-        return None, "the cluster does not report its nodes' memory: give memory_per_rank_gib"
+        return None, "the cluster does not report its nodes' memory"
     return int(min(shares)), f"a bundle's share of node memory ({cpw:g} CPU per rank)"
 
 

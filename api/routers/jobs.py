@@ -78,7 +78,14 @@ def fit_or_422(
     try:
         chosen, result = capacity.fit_spec(spec, cluster, budget)
     except capacity.FitError as e:
-        out = FitOut.of(e.result, source).model_dump(mode="json") if e.result else None
+        if e.result is None:  # no budget: say which one to give
+            give = (
+                "give a number (`ringtrain plan SPEC --fit --memory-per-rank GIB` suggests one)"
+                if field == "parallel.ring_size"
+                else "give fit.memory_per_rank_gib (ringtrain plan --memory-per-rank GIB)"
+            )
+            raise ApiError(422, f"{e}: {give}", field=field) from e
+        out = FitOut.of(e.result, source).model_dump(mode="json")
         raise ApiError(422, str(e), field=field, extra={"fit": out}) from e
     return chosen, FitOut.of(result, source)
 

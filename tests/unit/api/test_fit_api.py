@@ -4,11 +4,16 @@ tests/unit/service/test_fit.py's model (ring 2 cannot fit 0.8 GiB, ring 4 with f
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from api.cli import main
 from service.launcher import NodeInfo
 from service.planner import GIB
-from tests.support.api_harness import RecordingLauncher, running
+from tests.support.api_harness import ALICE, RecordingLauncher, running
 
 SPEC: dict[str, Any] = {
     "name": "fit",
@@ -77,3 +82,33 @@ def test_plan_fit_nothing_fits_is_422_with_the_shortfall(tmp_path):
         assert "16 devices" in body["error"]["message"]
         r = c.post("/v1/jobs", json={**SPEC, "parallel": {"ring_size": "auto"}})
         assert r.status_code == 201  # 4 GiB per bundle here: ring 1 fits
+
+
+def test_cli_plan_fit(tmp_path, capsys, monkeypatch: pytest.MonkeyPatch):
+    spec = Path(tmp_path / "spec.json")
+    spec.write_text(json.dumps(SPEC))
+    with running(tmp_path, RecordingLauncher(nodes=nodes(2, 8))) as srv:
+        monkeypatch.setenv("RINGTRAIN_URL", srv.url)
+        monkeypatch.setenv("RINGTRAIN_TOKEN", ALICE)
+        assert main(["plan", str(spec), "--fit", "--memory-per-rank", "0.8"]) == 0
+        out = capsys.readouterr().out
+        assert "fit: ring_size 4 x ulysses_size 1, knobs full" in out and "of 0.80 GiB" in out
+        assert main(["plan", str(spec), "--fit", "--json"]) == 0
+        fitted = json.loads(capsys.readouterr().out)["fit"]
+        assert fitted["ring_size"] == 1 and fitted["memory_per_rank_bytes"] == 2 * GIB
+        assert main(["plan", str(spec), "--memory-per-rank", "0.01"]) == 1
+        assert "over" in capsys.readouterr().err
+
+
+def test_ring_auto_on_gpus_of_unknown_memory_names_what_to_give(tmp_path):
+    gpus = [NodeInfo("g0", "10.0.0.9", True, 32, 32, 4, 4)]  # no GPU memory reported
+    with running(tmp_path, RecordingLauncher(nodes=gpus)) as srv:
+        c = srv.client()
+        r = c.post("/v1/jobs", json={**SPEC, "parallel": {"ring_size": "auto"}})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "parallel.ring_size"
+        assert "does not report its GPUs' memory" in r.json()["error"]["message"]
+        assert "--memory-per-rank" in r.json()["error"]["message"]
+        r = c.post("/v1/plan", json={"spec": SPEC, "fit": {}})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "fit.memory_per_rank_gib"
+        r = c.post("/v1/plan", json={"spec": SPEC, "fit": {"memory_per_rank_gib": 0.3}})
+        assert r.status_code == 200 and r.json()["fit"]["ulysses_size"] > 1

@@ -99,7 +99,7 @@ def test_gpu_prefers_ulysses_inside_a_node():
 
 
 def test_gpu_memory_unknown_needs_a_budget():
-    with pytest.raises(ValueError, match="memory_per_rank_gib"):
+    with pytest.raises(ValueError, match="does not report its GPUs"):
         fit(make_spec(), gpu_cluster(gpu_memory_gib=None))
     assert fit(make_spec(), gpu_cluster(gpu_memory_gib=None), 4 * GIB).fits
 
