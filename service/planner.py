@@ -440,7 +440,7 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
     bundle = rank_bundle(gpu=acc == "gpu", cpus_per_worker=spec.resources.cpus_per_worker)
     devices = sum(bundles_per_node(bundle, node_resources(n, free=False)) for n in nodes)
     dp = spec.parallel.data_parallel
-    max_group = (devices if nodes else MAX_WORLD) // dp
+    max_group = min(devices if nodes else MAX_WORLD, MAX_WORLD) // dp
     per_node = max((int(n.gpus_total) for n in nodes), default=0) if acc == "gpu" else 0
     knob_sets = [k for k in KNOBS if acc == "gpu" or not k["offload_activations"]]
     out = Fit(fits=False, memory_per_rank_bytes=budget, accelerator=acc)

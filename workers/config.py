@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    WithJsonSchema,
     field_serializer,
     field_validator,
     model_validator,
@@ -211,7 +212,17 @@ smallest ring whose memory estimate fits the devices. A stored job never holds i
 
 
 class ParallelConfig(StrictModel):
-    ring_size: int = Field(
+    ring_size: Annotated[
+        int,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "integer", "minimum": 1, "maximum": MAX_WORLD},
+                    {"const": "auto"},
+                ]
+            }
+        ),
+    ] = Field(
         1,
         ge=AUTO_RING,
         le=MAX_WORLD,
