@@ -508,10 +508,20 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     with _client(args) as c:
         spec: Any = sys.stdin.read() if args.spec == "-" else Path(args.spec)
-        p = c.plan(spec)
+        p = c.plan(spec, fit=args.fit, memory_per_rank_gib=args.memory_per_rank)
 
         def human() -> None:
             mem = p.memory
+            if p.fit is not None:
+                f = p.fit
+                print(
+                    f"fit: ring_size {f.ring_size} x ulysses_size {f.ulysses_size}, knobs "
+                    f"{f.knobs_name} (activation_checkpointing {f.knobs['activation_checkpointing']}"
+                    f", tiled_mlp {f.knobs['tiled_mlp']}, offload_activations "
+                    f"{str(f.knobs['offload_activations']).lower()}): "
+                    f"{f.estimate_bytes / 2**30:.2f} of {f.memory_per_rank_gib:.2f} GiB per rank "
+                    f"({f.budget_source})"
+                )
             print(
                 f"spec {p.spec['name']}: {'OK' if p.valid else 'CANNOT RUN'}; {p.world_size} rank(s) on "
                 f"{p.accelerator}, bundle {p.bundle}, strategy {p.strategy}"
@@ -720,6 +730,18 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_pull)
     s = sub.add_parser("plan", parents=[common], help="dry-run a spec: validity, placement, memory")
     s.add_argument("spec")
+    s.add_argument(
+        "--fit",
+        action="store_true",
+        help="choose the smallest ring x Ulysses and the cheapest memory knobs that fit",
+    )
+    s.add_argument(
+        "--memory-per-rank",
+        type=float,
+        metavar="GIB",
+        help="the budget per rank for --fit (default: the devices' memory, when the cluster "
+        "reports it)",
+    )
     s.set_defaults(fn=cmd_plan)
     _add_data_commands(sub)
     return p

@@ -157,11 +157,22 @@ class Client:
             self._check(self.http.post("/v1/jobs", content=body, headers={"Content-Type": ctype}))
         )
 
-    def plan(self, spec: str | Path | dict[str, Any] | JobSpec) -> PlanOut:
+    def plan(
+        self,
+        spec: str | Path | dict[str, Any] | JobSpec,
+        *,
+        fit: bool = False,
+        memory_per_rank_gib: float | None = None,
+    ) -> PlanOut:
+        """Dry run; with `fit` (or a budget) `spec` in the answer is the spec fit chose (`fit`)."""
         body, ctype = spec_body(spec)
-        return TypeAdapter(PlanOut).validate_python(
-            self._check(self.http.post("/v1/plan", content=body, headers={"Content-Type": ctype}))
-        )
+        params: dict[str, Any] = {}
+        if fit or memory_per_rank_gib is not None:
+            params["fit"] = "true"
+        if memory_per_rank_gib is not None:
+            params["fit_memory_per_rank_gib"] = memory_per_rank_gib
+        r = self.http.post("/v1/plan", content=body, headers={"Content-Type": ctype}, params=params)
+        return TypeAdapter(PlanOut).validate_python(self._check(r))
 
     def list_jobs(
         self, state: str | list[str] | None = None, limit: int = 50, offset: int = 0

@@ -19,7 +19,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, C
 
 from service.launcher import NodeInfo
 from service.models import Job, Transition
-from service.planner import Plan
+from service.planner import GIB, Fit, Plan, knobs_name
 from service.verification import verification_of
 from workers.protocol import JobState, RankPlacement
 
@@ -200,6 +200,44 @@ class ClusterOut(BaseModel):
     gpus_free: float
 
 
+class FitOut(BaseModel):
+    """What `plan --fit` chose (or, in a 422, the best candidate and its shortfall)."""
+
+    fits: bool
+    memory_per_rank_bytes: int = Field(description="the budget per rank")
+    memory_per_rank_gib: float
+    budget_source: str = Field(description="given, or which device memory it was read from")
+    accelerator: str
+    ring_size: int
+    ulysses_size: int
+    knobs: dict[str, Any] = Field(description="the train knobs chosen (cheapest first)")
+    knobs_name: str
+    estimate_bytes: int = Field(description="memory.total_bytes of the chosen spec")
+    shortfall_bytes: int = Field(0, description="how much the best candidate exceeds the budget")
+    message: str
+    alternatives: list[dict[str, Any]] = Field(
+        description="candidates tried: ring_size, ulysses_size, knobs, total_bytes, fits"
+    )
+
+    @classmethod
+    def of(cls, f: Fit, source: str) -> FitOut:
+        return cls(
+            fits=f.fits,
+            memory_per_rank_bytes=f.memory_per_rank_bytes,
+            memory_per_rank_gib=round(f.memory_per_rank_bytes / GIB, 3),
+            budget_source=source,
+            accelerator=f.accelerator,
+            ring_size=f.ring_size,
+            ulysses_size=f.ulysses_size,
+            knobs=f.knobs,
+            knobs_name=knobs_name(f.knobs) if f.knobs else "",
+            estimate_bytes=int(f.memory.get("total_bytes", 0)),
+            shortfall_bytes=f.shortfall_bytes,
+            message=f.message,
+            alternatives=f.alternatives,
+        )
+
+
 @pydantic.dataclasses.dataclass(kw_only=True)
 class PlanOut(Plan):
     """The planner's `Plan`, plus whether the spec can run at all and the spec as validated."""
@@ -207,12 +245,22 @@ class PlanOut(Plan):
     valid: bool = Field(description="the spec is valid and the cluster can ever hold it")
     spec: dict[str, Any]
     cluster_error: str | None = None
+    fit: FitOut | None = Field(
+        None, description="with a fit request: what was chosen; `spec` is then the chosen spec"
+    )
 
     @classmethod
-    def of(cls, spec: dict[str, Any], p: Plan, cluster_error: str | None = None) -> PlanOut:
+    def of(
+        cls,
+        spec: dict[str, Any],
+        p: Plan,
+        cluster_error: str | None = None,
+        fit: FitOut | None = None,
+    ) -> PlanOut:
         return cls(
             **vars(p),
             valid=p.fits or cluster_error is not None,
             spec=spec,
             cluster_error=cluster_error,
+            fit=fit,
         )

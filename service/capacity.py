@@ -19,6 +19,7 @@ from typing import Any
 
 from service.admission import NodeShape
 from service.launcher import ClusterInfo
+from service.planner import Fit, fit
 from workers.config import JobSpec
 from workers.parallel_dims import resolve_accelerator as accelerator_for
 
@@ -87,3 +88,26 @@ def shapes_from_raycluster(rc: Mapping[str, Any]) -> list[NodeShape]:
             )
         )
     return out
+
+
+class FitError(ValueError):
+    """`fit` found nothing (`result` says by how much) or had no budget (`result` None)."""
+
+    def __init__(self, message: str, result: Fit | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def fit_spec(
+    spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None = None
+) -> tuple[JobSpec, Fit]:
+    """The spec `fit` would run (ring x Ulysses and knobs chosen), for `plan --fit` and for
+    `parallel.ring_size: auto` at submission, where the result is stored with the job: a
+    resubmitted driver never re-decides it. Budget: given, else the devices' memory."""
+    try:
+        result = fit(spec, cluster, memory_per_rank_bytes)
+    except ValueError as e:
+        raise FitError(str(e)) from e
+    if not result.fits or result.spec is None:
+        raise FitError(result.message, result)
+    return result.spec, result

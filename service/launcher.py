@@ -72,6 +72,10 @@ class NodeInfo:
     cpus_free: float
     gpus_total: float
     gpus_free: float
+    # What `plan --fit` and `ring_size: auto` size ranks by (0: unknown). memory_bytes: the node's
+    # memory for Ray's workers (Ray's `memory` resource); gpu_memory_bytes: one GPU's memory.
+    memory_bytes: float = 0.0
+    gpu_memory_bytes: float = 0.0
 
 
 @dataclass(frozen=True)

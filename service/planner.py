@@ -50,7 +50,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.launcher import ClusterInfo, NodeInfo
-from workers.config import JobSpec, mlp_tiles, rope_coverage_warning, ulysses_heads_problem
+from workers.config import (
+    MAX_WORLD,
+    JobSpec,
+    mlp_tiles,
+    rope_coverage_warning,
+    ulysses_heads_problem,
+)
 from workers.parallel_dims import (
     STRICT_PACK,
     ParallelDims,
@@ -323,4 +329,205 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
             f"estimated {mem / 2**30:.1f} GiB per rank exceeds an 80 GiB GPU: raise ring_size or "
             "enable train.activation_checkpointing"
         )
+    return out
+
+
+# --- fit: the smallest sequence group and the cheapest knobs whose estimate fits a budget ---------
+
+GIB = 2**30
+
+# Knob sets cheapest first in throughput (BENCHMARKS.md "Cost of each knob": none 1.00, selective
+# 0.94, tiled 0.81, full 0.79, full + tiled 0.67); offload (CUDA only, unmeasured) after them.
+KNOBS: tuple[dict[str, Any], ...] = (
+    {"activation_checkpointing": "none", "tiled_mlp": "off", "offload_activations": False},
+    {"activation_checkpointing": "selective", "tiled_mlp": "off", "offload_activations": False},
+    {"activation_checkpointing": "none", "tiled_mlp": "auto", "offload_activations": False},
+    {"activation_checkpointing": "full", "tiled_mlp": "off", "offload_activations": False},
+    {"activation_checkpointing": "full", "tiled_mlp": "auto", "offload_activations": False},
+    {"activation_checkpointing": "full", "tiled_mlp": "off", "offload_activations": True},
+    {"activation_checkpointing": "full", "tiled_mlp": "auto", "offload_activations": True},
+)
+MAX_ALTERNATIVES = 24  # the response lists at most this many candidates tried
+
+
+def knobs_name(knobs: dict[str, Any]) -> str:
+    """A knob set in words: 'none', 'selective', 'full+tiled+offload', ..."""
+    parts = (
+        [] if knobs["activation_checkpointing"] == "none" else [knobs["activation_checkpointing"]]
+    )
+    parts += ["tiled"] if knobs["tiled_mlp"] != "off" else []
+    parts += ["offload"] if knobs["offload_activations"] else []
+    return "+".join(parts) or "none"
+
+
+@dataclass
+class Fit:
+    """What `fit` chose (fits) or why nothing fits: the best candidate and its shortfall."""
+
+    fits: bool
+    memory_per_rank_bytes: int
+    accelerator: str
+    ring_size: int = 0
+    ulysses_size: int = 1
+    knobs: dict[str, Any] = field(default_factory=dict)
+    spec: JobSpec | None = None  # the spec it would run (fits), or the best candidate
+    memory: dict[str, Any] = field(default_factory=dict)
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+    shortfall_bytes: int = 0
+    message: str = ""
+
+
+def device_memory(spec: JobSpec, cluster: ClusterInfo) -> tuple[int | None, str]:
+    """The memory one rank may use on this cluster's devices, and where it came from (or why not).
+
+    GPU jobs: the smallest GPU's memory (`NodeInfo.gpu_memory_bytes`); CPU jobs: a bundle's share of
+    its node's memory (node memory / node CPUs x cpus_per_worker), the smallest over the nodes."""
+    nodes = [n for n in cluster.nodes if n.alive]
+    acc = resolve_accelerator(spec.resources.accelerator, [n.gpus_total for n in nodes])
+    if acc == "gpu":
+        known = [n.gpu_memory_bytes for n in nodes if n.gpus_total > 0 and n.gpu_memory_bytes > 0]
+        if not known:
+            return None, "the cluster does not report its GPUs' memory"
+        return int(min(known)), "the smallest GPU's memory"
+    cpw = spec.resources.cpus_per_worker
+    shares = [
+        n.memory_bytes / n.cpus_total * cpw for n in nodes if n.memory_bytes > 0 and n.cpus_total
+    ]
+    if not shares:
+        return None, "the cluster does not report its nodes' memory"
+    return int(min(shares)), f"a bundle's share of node memory ({cpw:g} CPU per rank)"
+
+
+def _shape_problem(spec: JobSpec, ring: int, ulysses: int) -> str | None:
+    """Why this ring x Ulysses cannot run the spec's lengths and heads (the spec's own rules)."""
+    need = ParallelDims(ring_size=ring, ulysses_size=ulysses).seq_divisor(spec.parallel.layout)
+    lengths = [spec.data.seq_len, *(spec.eval.context_lengths or [])]
+    lengths += [s.seq_len for s in getattr(spec.data, "curriculum", [])]
+    if any(length % need for length in lengths):
+        return f"seq_len not divisible by {need}"
+    if spec.model.shape_known and ulysses_heads_problem(spec.model, ulysses):
+        return "heads"
+    return None
+
+
+def _shapes(spec: JobSpec, group: int, gpus_per_node: int) -> list[tuple[int, int]]:
+    """(ring, ulysses) for a sequence group of `group` ranks, most Ulysses first: on GPU nodes the
+    largest Ulysses group inside a node that the heads allow, then smaller; elsewhere the spec's."""
+    u_spec = spec.parallel.ulysses_size
+    if gpus_per_node < 1:
+        return [(group // u_spec, u_spec)] if group % u_spec == 0 else []
+    us = [u for u in range(min(group, gpus_per_node), 0, -1) if group % u == 0]
+    return [(group // u, u) for u in us]
+
+
+def _with(spec: JobSpec, ring: int, ulysses: int, knobs: dict[str, Any]) -> JobSpec:
+    parallel = spec.parallel.model_copy(update={"ring_size": ring, "ulysses_size": ulysses})
+    train = spec.train.model_copy(update=knobs)
+    return spec.model_copy(update={"parallel": parallel, "train": train})
+
+
+def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None = None) -> Fit:
+    """The spec it would run: the smallest sequence group (ring x Ulysses, data_parallel as given,
+    world within the cluster's devices) and, at it, the cheapest knobs whose estimate fits the
+    budget (default: `device_memory`). ValueError when no budget is given and none is known."""
+    if memory_per_rank_bytes is None:
+        memory_per_rank_bytes, why = device_memory(spec, cluster)
+        if memory_per_rank_bytes is None:
+            raise ValueError(why)
+    budget = memory_per_rank_bytes
+    nodes = [n for n in cluster.nodes if n.alive]
+    acc = resolve_accelerator(spec.resources.accelerator, [n.gpus_total for n in nodes])
+    bundle = rank_bundle(gpu=acc == "gpu", cpus_per_worker=spec.resources.cpus_per_worker)
+    devices = sum(bundles_per_node(bundle, node_resources(n, free=False)) for n in nodes)
+    dp = spec.parallel.data_parallel
+    max_group = min(devices if nodes else MAX_WORLD, MAX_WORLD) // dp
+    per_node = max((int(n.gpus_total) for n in nodes), default=0) if acc == "gpu" else 0
+    knob_sets = [k for k in KNOBS if acc == "gpu" or not k["offload_activations"]]
+    out = Fit(fits=False, memory_per_rank_bytes=budget, accelerator=acc)
+    best: tuple[int, JobSpec, dict[str, Any], dict[str, Any]] | None = None
+
+    def row(candidate: JobSpec, knobs: dict[str, Any], total: int) -> dict[str, Any]:
+        p = candidate.parallel
+        return {
+            "ring_size": p.ring_size,
+            "ulysses_size": p.ulysses_size,
+            "knobs": knobs_name(knobs),
+            "total_bytes": total,
+            "fits": total <= budget,
+        }
+
+    for group in range(1, max_group + 1):
+        for ring, ulysses in _shapes(spec, group, per_node):
+            if _shape_problem(spec, ring, ulysses):
+                continue
+            # the leanest knobs first: when even they exceed, no cheaper set fits this shape
+            lean = _with(spec, ring, ulysses, knob_sets[-1])
+            lean_est = memory_estimate(lean, acc)
+            lean_total = int(lean_est["total_bytes"])
+            if best is None or lean_total < best[0]:
+                best = (lean_total, lean, knob_sets[-1], lean_est)
+            if lean_total > budget:
+                if len(out.alternatives) < MAX_ALTERNATIVES:
+                    out.alternatives.append(row(lean, knob_sets[-1], lean_total))
+                continue
+            for knobs in knob_sets:
+                candidate = _with(spec, ring, ulysses, knobs)
+                est = memory_estimate(candidate, acc)
+                total = int(est["total_bytes"])
+                out.alternatives.append(row(candidate, knobs, total))
+                if total <= budget:
+                    out.alternatives = out.alternatives[-MAX_ALTERNATIVES:]
+                    out.fits, out.spec, out.knobs, out.memory = True, candidate, knobs, est
+                    out.ring_size, out.ulysses_size = ring, ulysses
+                    out.message = (
+                        f"ring_size {ring} x ulysses_size {ulysses} with {knobs_name(knobs)}: "
+                        f"{total / GIB:.2f} of {budget / GIB:.2f} GiB per rank"
+                    )
+                    return out
+    # Beyond the cluster (sequence groups doubling): only to say how many devices would do.
+    group = max(max_group, 1)
+    while nodes and group * 2 * dp <= MAX_WORLD:
+        group *= 2
+        for ring, ulysses in _shapes(spec, group, per_node):
+            if _shape_problem(spec, ring, ulysses):
+                continue
+            lean = _with(spec, ring, ulysses, knob_sets[-1])
+            total = int(memory_estimate(lean, acc)["total_bytes"])
+            if total <= budget:
+                return _short(
+                    out, best, budget, group * dp, devices, row(lean, knob_sets[-1], total)
+                )
+    return _short(out, best, budget, None, devices, None)
+
+
+def _short(
+    out: Fit,
+    best: tuple[int, JobSpec, dict[str, Any], dict[str, Any]] | None,
+    budget: int,
+    world_needed: int | None,
+    devices: int,
+    would_fit: dict[str, Any] | None,
+) -> Fit:
+    """Nothing fits within the cluster: the best candidate, by how much it exceeds, what would do."""
+    if best is None:
+        out.message = (
+            "no ring x Ulysses shape divides the spec's sequence lengths within the cluster"
+        )
+        return out
+    total, candidate, knobs, est = best
+    out.spec, out.knobs, out.memory = candidate, knobs, est
+    out.ring_size, out.ulysses_size = candidate.parallel.ring_size, candidate.parallel.ulysses_size
+    out.shortfall_bytes = total - budget
+    needed = f"a budget of at least {total / GIB:.2f} GiB per rank"
+    if would_fit is not None and world_needed is not None:
+        needed += (
+            f", or {world_needed} devices (ring_size {would_fit['ring_size']} x ulysses_size "
+            f"{would_fit['ulysses_size']} with {would_fit['knobs']}; the cluster has {devices})"
+        )
+    out.message = (
+        f"nothing fits {budget / GIB:.2f} GiB per rank within the cluster's {devices} devices: the "
+        f"best candidate (ring_size {out.ring_size} x ulysses_size {out.ulysses_size} with "
+        f"{knobs_name(knobs)}) needs {total / GIB:.2f} GiB, {out.shortfall_bytes} bytes "
+        f"({out.shortfall_bytes / GIB:.2f} GiB) over; it would need {needed}"
+    )
     return out

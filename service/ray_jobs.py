@@ -201,6 +201,7 @@ class RayJobLauncher:
                     cpus_free=free("CPU"),
                     gpus_total=float(total.get("GPU", 0.0)),
                     gpus_free=free("GPU"),
+                    memory_bytes=float(total.get("memory", 0.0)),
                 )
             )
         return ClusterInfo(nodes=out)

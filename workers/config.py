@@ -11,7 +11,16 @@ import math
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, TypeAlias, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from workers.parallel_dims import ParallelDims
@@ -31,6 +40,7 @@ class StrictModel(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+    auto_fields: ClassVar[frozenset[str]] = frozenset()  # integer fields that also accept "auto"
 
     @model_validator(mode="before")
     @classmethod
@@ -38,6 +48,8 @@ class StrictModel(BaseModel):
         if isinstance(data, dict):
             for name, field in cls.model_fields.items():
                 value = data.get(name)
+                if name in cls.auto_fields and value == "auto":
+                    continue
                 if field.annotation in (int, int | None) and isinstance(value, bool | str):
                     _fail(
                         name,
@@ -194,8 +206,29 @@ class TokensData(StrictModel):
 DataConfig = Annotated[PasskeyData | TextData | TokensData, Field(discriminator="kind")]
 
 
+AUTO_RING = 0
+"""`parallel.ring_size: auto` until it is resolved (`service.planner.fit`, at submission): the
+smallest ring whose memory estimate fits the devices. A stored job never holds it."""
+
+
 class ParallelConfig(StrictModel):
-    ring_size: int = Field(1, ge=1, le=MAX_WORLD)
+    ring_size: Annotated[
+        int,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "integer", "minimum": 1, "maximum": MAX_WORLD},
+                    {"const": "auto"},
+                ]
+            }
+        ),
+    ] = Field(
+        1,
+        ge=AUTO_RING,
+        le=MAX_WORLD,
+        description="ranks of the ring, or auto: the smallest that fits the devices' memory "
+        "(resolved at submission, with the memory knobs)",
+    )
     data_parallel: int = Field(1, ge=1, le=MAX_WORLD)
     layout: Layout = "zigzag"
     ulysses_size: int = Field(
@@ -204,6 +237,26 @@ class ParallelConfig(StrictModel):
         le=MAX_WORLD,
         description="Ulysses × ring: ranks of one node that trade sequence for heads by all-to-all around the ring",
     )
+
+    auto_fields: ClassVar[frozenset[str]] = frozenset({"ring_size"})
+
+    @field_validator("ring_size", mode="before")
+    @classmethod
+    def _ring_auto(cls, v: Any) -> Any:
+        """ "auto" is kept as AUTO_RING (an int, so every reader of a resolved spec stays typed)."""
+        if v == "auto":
+            return AUTO_RING
+        if isinstance(v, int) and not isinstance(v, bool) and v == AUTO_RING:
+            raise ValueError("ring_size must be >= 1 or auto")
+        return v
+
+    @field_serializer("ring_size")
+    def _ring_dump(self, v: int) -> int | str:
+        return "auto" if v == AUTO_RING else v
+
+    @property
+    def ring_auto(self) -> bool:
+        return self.ring_size == AUTO_RING
 
     @property
     def world_size(self) -> int:
@@ -694,13 +747,15 @@ class JobSpec(StrictModel):
     @model_validator(mode="after")
     def _cross_fields(self) -> JobSpec:
         p = self.parallel
-        need = seq_multiple(p.layout, p.ring_size, p.ulysses_size)
+        # ring_size auto: checked as ring 1 here (what every ring needs), in full once resolved
+        ring = max(p.ring_size, 1)
+        need = seq_multiple(p.layout, ring, p.ulysses_size)
         if self.data.seq_len % need:
             _fail(
                 "data.seq_len",
                 self.data.seq_len,
                 f"data.seq_len ({self.data.seq_len}) must be divisible by {need} for the {p.layout} layout "
-                f"with parallel.ring_size={p.ring_size}"
+                f"with parallel.ring_size={ring}"
                 + (f" and parallel.ulysses_size={p.ulysses_size}" if p.ulysses_size > 1 else ""),
             )
         if self.model.shape_known and (why := ulysses_heads_problem(self.model, p.ulysses_size)):
@@ -712,7 +767,7 @@ class JobSpec(StrictModel):
                 f"train.batch_size ({self.train.batch_size}) is the global batch and must be divisible by "
                 f"parallel.data_parallel ({p.data_parallel})",
             )
-        if p.world_size > MAX_WORLD:
+        if p.data_parallel * ring * p.ulysses_size > MAX_WORLD:
             _fail(
                 "parallel.ring_size",
                 p.ring_size,

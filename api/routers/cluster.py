@@ -2,18 +2,53 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+import json
+from typing import Annotated, Any
 
-from api.body import check_data_path, parse_spec
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from api.body import JSON_TYPES, check_data_path, parse_spec
 from api.deps import Ctx, Owner
 from api.errors import ApiError
-from api.routers.jobs import ERRORS, SPEC_BODY
-from api.schemas import ClusterOut, ErrorResponse, PlanOut
+from api.routers.jobs import ERRORS, SPEC_BODY, fit_or_422
+from api.schemas import ClusterOut, ErrorResponse, FitOut, PlanOut
 from service import admission
 from service.launcher import ClusterInfo
 from service.planner import plan
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
+
+
+class FitRequest(BaseModel):
+    """`fit` in a wrapped plan body: the memory budget per rank (None: the devices' memory)."""
+
+    model_config = ConfigDict(extra="forbid")
+    memory_per_rank_gib: float | None = Field(None, gt=0, le=1e6)
+
+
+def unwrap_plan_body(body: bytes, ctype: str | None) -> tuple[bytes, str | None, FitRequest | None]:
+    """`{"spec": ..., "fit": {...}}` -> (the spec as JSON, its type, the fit request); any other
+    body is the spec itself (JSON or YAML), as before."""
+    if (ctype or "").split(";")[0].strip().lower() not in JSON_TYPES:
+        return body, ctype, None
+    try:
+        data: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        return body, ctype, None  # parse_spec says what is wrong with it
+    if not isinstance(data, dict) or "spec" not in data:
+        return body, ctype, None
+    if extra := sorted(set(data) - {"spec", "fit"}):
+        raise ApiError(
+            422, f"a wrapped plan body has spec and fit only, not {extra}", field=extra[0]
+        )
+    try:
+        request = FitRequest.model_validate(data.get("fit") or {})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in ("fit", *first["loc"]))
+        raise ApiError(422, f"{where}: {first['msg']}", field=where) from e
+    return json.dumps(data["spec"]).encode(), "application/json", request
 
 
 @router.post(
@@ -22,10 +57,32 @@ router = APIRouter(prefix="/v1", tags=["cluster"])
     openapi_extra=SPEC_BODY,
     responses={**ERRORS, 400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}},
 )
-async def plan_job(request: Request, ctx: Ctx, owner: Owner) -> PlanOut:
-    """Validate a spec against the live cluster and preview placement and memory. Reserves nothing."""
-    spec = parse_spec(await request.body(), request.headers.get("content-type"))
+async def plan_job(
+    request: Request,
+    ctx: Ctx,
+    owner: Owner,
+    fit: Annotated[
+        bool, Query(description="choose ring x Ulysses and knobs to fit the memory budget")
+    ] = False,
+    fit_memory_per_rank_gib: Annotated[
+        float | None,
+        Query(gt=0, le=1e6, description="the budget per rank for fit (default: the devices')"),
+    ] = None,
+) -> PlanOut:
+    """Validate a spec against the live cluster and preview placement and memory. Reserves nothing.
+
+    Fit: a body `{"spec": ..., "fit": {"memory_per_rank_gib": X}}` (or the spec as the body with
+    `?fit=true[&fit_memory_per_rank_gib=X]`) returns, in `spec`, the spec it would run: the smallest
+    sequence group and the cheapest knobs whose estimate fits X GiB (default: the devices' memory);
+    422 with the best candidate's shortfall when nothing fits. `parallel.ring_size: auto` is always
+    resolved so."""
+    body, ctype, wrapped = unwrap_plan_body(
+        await request.body(), request.headers.get("content-type")
+    )
+    spec = parse_spec(body, ctype)
     check_data_path(spec, ctx.settings.resolved_data_roots())
+    budget = wrapped.memory_per_rank_gib if wrapped else fit_memory_per_rank_gib
+    fitting = wrapped is not None or fit or fit_memory_per_rank_gib is not None
     cluster_error = None
     try:
         cluster = admission.with_autoscaler(
@@ -33,10 +90,14 @@ async def plan_job(request: Request, ctx: Ctx, owner: Owner) -> PlanOut:
         )
     except Exception as e:
         cluster, cluster_error = ClusterInfo(), f"cannot read the cluster: {type(e).__name__}: {e}"
+    chosen: FitOut | None = None
+    if fitting or spec.parallel.ring_auto:
+        field = "fit.memory_per_rank_gib" if fitting else "parallel.ring_size"
+        spec, chosen = fit_or_422(spec, cluster, budget, field)
     p = plan(spec, cluster)
     if cluster_error:
         p.warnings.insert(0, cluster_error + " — placement not previewed")
-    return PlanOut.of(spec.model_dump(mode="json"), p, cluster_error)
+    return PlanOut.of(spec.model_dump(mode="json"), p, cluster_error, chosen)
 
 
 @router.get(

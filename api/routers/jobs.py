@@ -12,10 +12,19 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from api.body import check_data_path, parse_spec
 from api.deps import AppContext, Ctx, Owner
 from api.errors import ApiError
-from api.schemas import ErrorResponse, JobList, JobOut, LogOut, LogPage, MetricOut, MetricPage
+from api.schemas import (
+    ErrorResponse,
+    FitOut,
+    JobList,
+    JobOut,
+    LogOut,
+    LogPage,
+    MetricOut,
+    MetricPage,
+)
 from service import admission, capacity
 from service.launcher import ClusterInfo
-from service.planner import plan
+from service.planner import GIB, device_memory, plan
 from service.verification import Outcome, verification_is
 from workers.config import JobSpec
 from workers.protocol import JobState
@@ -59,6 +68,43 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo |
     return cluster
 
 
+def fit_or_422(
+    spec: JobSpec, cluster: ClusterInfo, memory_per_rank_gib: float | None, field: str
+) -> tuple[JobSpec, FitOut]:
+    """The spec `fit` chooses (plan --fit, ring_size auto); 422 with the best candidate's shortfall
+    (in `fit`) when nothing fits, or naming the missing budget when the devices' memory is unknown."""
+    budget = None if memory_per_rank_gib is None else int(memory_per_rank_gib * GIB)
+    source = "given" if budget is not None else device_memory(spec, cluster)[1]
+    try:
+        chosen, result = capacity.fit_spec(spec, cluster, budget)
+    except capacity.FitError as e:
+        if e.result is None:  # no budget: say which one to give
+            give = (
+                "give a number (`ringtrain plan SPEC --fit --memory-per-rank GIB` suggests one)"
+                if field == "parallel.ring_size"
+                else "give fit.memory_per_rank_gib (ringtrain plan --memory-per-rank GIB)"
+            )
+            raise ApiError(422, f"{e}: {give}", field=field) from e
+        out = FitOut.of(e.result, source).model_dump(mode="json")
+        raise ApiError(422, str(e), field=field, extra={"fit": out}) from e
+    return chosen, FitOut.of(result, source)
+
+
+async def resolve_ring_auto(ctx: AppContext, spec: JobSpec) -> JobSpec:
+    """`parallel.ring_size: auto`: the spec `fit` chooses against the devices' memory."""
+    try:
+        cluster = admission.with_autoscaler(await ctx.cluster(), ctx.settings.autoscaler_nodes)
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e)[:300]}"
+        raise ApiError(
+            422,
+            f"parallel.ring_size auto is resolved against the cluster, which cannot be read ({why}); "
+            "give a ring_size",
+            field="parallel.ring_size",
+        ) from e
+    return fit_or_422(spec, cluster, None, "parallel.ring_size")[0]
+
+
 def check_against_quota(
     ctx: AppContext, owner: str, spec: JobSpec, cluster: ClusterInfo | None
 ) -> None:
@@ -88,6 +134,8 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
     """Create a job from a spec (JSON, or YAML with `Content-Type: application/yaml`). It starts QUEUED."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
     check_data_path(spec, ctx.settings.resolved_data_roots())
+    if spec.parallel.ring_auto:  # resolved now, against the devices' memory, and stored so
+        spec = await resolve_ring_auto(ctx, spec)
     cluster = await check_against_cluster(ctx, spec)
     check_against_quota(ctx, owner, spec, cluster)
     if cluster is not None and any(n.alive for n in cluster.nodes):  # else resolved at admission
