@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = load_spec(args.spec.read_text())
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if spec.parallel.ring_auto:
+        parser.error(
+            "parallel.ring_size: auto is resolved by the control plane at submission; here, run "
+            "`ringtrain plan SPEC --fit --memory-per-rank GIB` and put the ring_size it chooses in "
+            "the spec"
+        )
     if world != spec.world_size:
         parser.error(
             f"launched {world} processes but the spec needs "
