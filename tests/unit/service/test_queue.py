@@ -362,7 +362,7 @@ def test_fairness_3_owners_30_jobs_each_on_a_cluster_that_holds_2(tmp_path: Path
             hand_over(j)
 
         controller._admit, controller._start = one_pass, start
-        store.active_jobs = timed_read  # type: ignore[method-assign]
+        store.jobs.active = timed_read  # type: ignore[method-assign]
         hold = SimHold(
             sim
         )  # nothing starts until all 90 are queued: the order is then fully determined
