@@ -515,7 +515,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if p.fit is not None:
                 f = p.fit
                 print(
-                    f"fit: ring_size {f.ring_size} x ulysses_size {f.ulysses_size}, knobs "
+                    f"fit: ring_size {f.ring_size} x ulysses_size {f.ulysses_size}"
+                    + (f" x tensor_size {f.tensor_size}" if f.tensor_size > 1 else "")
+                    + ", knobs "
                     f"{f.knobs_name} (activation_checkpointing {f.knobs['activation_checkpointing']}"
                     f", tiled_mlp {f.knobs['tiled_mlp']}, offload_activations "
                     f"{str(f.knobs['offload_activations']).lower()}): "

@@ -210,13 +210,15 @@ class FitOut(BaseModel):
     accelerator: str
     ring_size: int
     ulysses_size: int
+    tensor_size: int = Field(1, description="tensor-parallel ranks per replica")
     knobs: dict[str, Any] = Field(description="the train knobs chosen (cheapest first)")
     knobs_name: str
     estimate_bytes: int = Field(description="memory.total_bytes of the chosen spec")
     shortfall_bytes: int = Field(0, description="how much the best candidate exceeds the budget")
     message: str
     alternatives: list[dict[str, Any]] = Field(
-        description="candidates tried: ring_size, ulysses_size, knobs, total_bytes, fits"
+        description="candidates tried: ring_size, ulysses_size, tensor_size, knobs, total_bytes, "
+        "fits"
     )
 
     @classmethod
@@ -229,6 +231,7 @@ class FitOut(BaseModel):
             accelerator=f.accelerator,
             ring_size=f.ring_size,
             ulysses_size=f.ulysses_size,
+            tensor_size=f.tensor_size,
             knobs=f.knobs,
             knobs_name=knobs_name(f.knobs) if f.knobs else "",
             estimate_bytes=int(f.memory.get("total_bytes", 0)),

@@ -11,7 +11,8 @@ The rules, in order:
 2. Quotas (`RINGTRAIN_QUOTAS`): a job whose owner would go over `max_running_jobs`, `max_cpus` or `max_gpus` with it
    is skipped — it keeps its place but blocks nobody else.
 3. Capacity: a job starts when its ranks fit the free capacity now, node by node (one bundle per
-   rank, counted per node by `workers.parallel_dims.bundles_per_node`, as the driver reserves them):
+   rank or per tensor group, counted per node by `workers.parallel_dims.bundles_per_node`, as the
+   driver reserves them):
    the lower of Ray's free figure and ringtrain's own ledger (`free_nodes`), so neither Ray's
    reporting lag nor a job admitted a moment ago over-commits the cluster; each admission in a pass takes its share.
 4. No starvation: a job that cannot fit lets later (smaller) jobs start past it — until it has waited
@@ -29,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.launcher import ClusterInfo, NodeInfo
 from workers.config import JobSpec
-from workers.parallel_dims import ParallelDims, bundles_per_node, rank_bundle, resolve_accelerator
+from workers.parallel_dims import ParallelDims, bundles_per_node, resolve_accelerator
 
 
 class Quota(BaseModel):
@@ -111,8 +112,10 @@ def uses_gpus(spec: JobSpec, cluster: ClusterInfo) -> bool:
 
 
 def demand_of(spec: JobSpec, gpu: bool) -> Demand:
-    bundle = rank_bundle(gpu=gpu, cpus_per_worker=spec.resources.cpus_per_worker)
-    return Demand(ParallelDims.of(spec.parallel).world_size, bundle["CPU"], bundle.get("GPU", 0.0))
+    """The job's placement bundles: one per rank, or one per tensor group (kept on one node)."""
+    dims = ParallelDims.of(spec.parallel)
+    bundle = dims.placement_bundle(gpu=gpu, cpus_per_worker=spec.resources.cpus_per_worker)
+    return Demand(dims.placement_units, bundle["CPU"], bundle.get("GPU", 0.0))
 
 
 @dataclass

@@ -55,6 +55,7 @@ from workers.config import (
     JobSpec,
     mlp_tiles,
     rope_coverage_warning,
+    tensor_heads_problem,
     ulysses_heads_problem,
 )
 from workers.parallel_dims import (
@@ -96,9 +97,19 @@ class Plan:
 
 def block_param_count(spec: JobSpec) -> int:
     """Parameters of one transformer block: q/o, k/v (head_dim may differ from d_model/n_heads), MLP, norms."""
+    return _projection_params(spec) + 2 * spec.model.d_model
+
+
+def _projection_params(spec: JobSpec) -> int:
+    """A block's projections (q, k, v, o, gate, up, down): what tensor parallelism splits."""
     m = spec.model
     d, qd, kvd, f = m.d_model, m.n_heads * m.head_dim, m.kv_heads * m.head_dim, m.ffn_hidden
-    return 2 * d * qd + 2 * d * kvd + 3 * d * f + 2 * d
+    return 2 * d * qd + 2 * d * kvd + 3 * d * f
+
+
+def local_block_param_count(spec: JobSpec) -> int:
+    """A block's parameters on one tensor rank: 1/tensor_size of the projections, all the norms."""
+    return _projection_params(spec) // spec.parallel.tensor_size + 2 * spec.model.d_model
 
 
 def param_count(spec: JobSpec) -> int:
@@ -134,9 +145,11 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
     working   the largest set alive while one block is (recomputed and) back-propagated, per token,
               plus `working_tile` per tile token (the MLP's part when it is tiled);
     offloaded the part of `kept` held in host memory instead (offload_activations)."""
-    m, tr = spec.model, spec.train
-    d, kvd, f, h, L = m.d_model, m.kv_heads * m.head_dim, m.ffn_hidden, m.n_heads, m.n_layers
-    qd = m.n_heads * m.head_dim
+    m, tr, T = spec.model, spec.train, spec.parallel.tensor_size
+    # a tensor rank holds 1/T of the heads and MLP columns; the residual stream stays whole
+    kvd, f, h = m.kv_heads * m.head_dim // T, m.ffn_hidden // T, m.n_heads // T
+    d, L = m.d_model, m.n_layers
+    qd = m.n_heads * m.head_dim // T
     mlp = 4 * f  # SwiGLU's gate, up, SiLU and product
     rest = 6 * d + 2 * qd + 2 * kvd + h  # norms, q/k/v/out, lse, residual sums
     tiled = tr.tiled_mlp != "off"
@@ -168,13 +181,15 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
     m, p = spec.model, spec.parallel
     acc = accelerator or ("gpu" if spec.resources.accelerator == "gpu" else "cpu")
     P = param_count(spec)
-    ulysses = p.ulysses_size
-    W = p.data_parallel * p.ring_size * ulysses
+    ulysses, T = p.ulysses_size, p.tensor_size
+    W = p.data_parallel * p.ring_size * ulysses * T
+    S = W // T  # FSDP shards over every dimension but the tensor one
     b = spec.train.batch_size // p.data_parallel
     t = spec.data.seq_len // (p.ring_size * ulysses)
-    d, kvd, V = m.d_model, m.kv_heads * m.head_dim, m.vocab_size
-    p_block = block_param_count(spec)
-    p_root = P - m.n_layers * p_block
+    d, kvd, V = m.d_model, m.kv_heads * m.head_dim // T, m.vocab_size
+    p_root = P - m.n_layers * block_param_count(spec)
+    p_block = local_block_param_count(spec)
+    p_rank = m.n_layers * p_block + p_root  # one tensor rank's share, before FSDP
     # CUDA: bf16 activations and gathered parameters (fp32 master shards, grads reduced in fp32)
     act_bytes, gathered_bytes = (2, 2) if acc == "gpu" else (4, 4)
     terms = activation_terms(spec)
@@ -185,9 +200,9 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
         "runtime": (CPU_RUNTIME_BYTES + (CPU_RUNTIME_HF_BYTES if m.kind == "hf" else 0))
         if acc == "cpu"
         else 0,
-        "params": 4 * P // W,
-        "grads": 4 * P // W,
-        "adamw": 8 * P // W,
+        "params": 4 * p_rank // S,
+        "grads": 4 * p_rank // S,
+        "adamw": 8 * p_rank // S,
         "gathered": gathered_bytes * (p_root + 2 * p_block)
         + 4 * (p_root + p_block),  # 2 blocks, fp32 grads
         "activations": act_bytes * tokens * (terms["kept"] - terms["offloaded"]),
@@ -206,12 +221,13 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
         "offloaded_bytes": act_bytes * tokens * terms["offloaded"],
         "bytes": parts,
         "total_bytes": sum(parts.values()),
-        "formula": "runtime (CPU: interpreter, torch, gloo) + 16·P/W (params, grads, AdamW: sharded over all W "
-        "ranks) + gathered by FSDP (two blocks and the root, their fp32 grads) + activations kept for backward "
+        "formula": "runtime (CPU: interpreter, torch, gloo) + 16·P_T/S (params, grads, AdamW: a tensor "
+        "rank's share P_T, 1/T of every projection, sharded over the S = W/T ranks of the other "
+        "dimensions) + gathered by FSDP (two blocks and the root, their fp32 grads) + activations kept for backward "
         "(per train.activation_checkpointing / tiled_mlp / offload_activations) + the backward's working set "
         "(one block recomputed and its gradients; the MLP's part per tile when tiled) + chunked loss + ring "
-        "K/V buffers; b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size); bytes per activation 4 "
-        "on CPU, 2 on CUDA (bf16)",
+        "K/V buffers; b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size); heads, K/V and MLP "
+        "columns per rank divided by T = tensor_size; bytes per activation 4 on CPU, 2 on CUDA (bf16)",
     }
 
 
@@ -271,7 +287,10 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
     acc = resolve_accelerator(spec.resources.accelerator, [n.gpus_total for n in nodes])
     bundle = rank_bundle(gpu=acc == "gpu", cpus_per_worker=spec.resources.cpus_per_worker)
     dims = ParallelDims.of(spec.parallel)
-    world, ulysses = dims.world_size, dims.ulysses_size
+    world, ulysses, tensor = dims.world_size, dims.ulysses_size, dims.tensor_size
+    # capacity in placement bundles: one per rank, or one per tensor group (on one node)
+    unit = dims.placement_bundle(gpu=acc == "gpu", cpus_per_worker=spec.resources.cpus_per_worker)
+    units = dims.placement_units
     out = Plan(
         fits=False,
         accelerator=acc,
@@ -280,9 +299,11 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
         bundle=bundle,
         memory=memory_estimate(spec, acc),
     )
-    total = sum(bundles_per_node(bundle, node_resources(n, free=False)) for n in nodes)
-    free = sum(bundles_per_node(bundle, node_resources(n, free=True)) for n in nodes)
+    total = tensor * sum(bundles_per_node(unit, node_resources(n, free=False)) for n in nodes)
+    free = tensor * sum(bundles_per_node(unit, node_resources(n, free=True)) for n in nodes)
     need = "GPUs" if acc == "gpu" else f"bundles of {bundle['CPU']:g} CPU"
+    if tensor > 1:
+        need += f" in whole tensor groups of {tensor} per node"
     if warning := rope_coverage_warning(spec):
         out.warnings.append(warning)
     if not nodes:
@@ -290,19 +311,19 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
         return out
     if total < world:
         out.warnings.append(
-            f"the job needs {world} {need} (ring_size {spec.parallel.ring_size} "
-            f"× ulysses_size {ulysses} × data_parallel {spec.parallel.data_parallel}) "
+            f"the job needs {world} {need} ({dims.describe()}) "
             f"but the whole cluster has {total}: it can never be placed"
         )
         return out
     if free < world:
         waits = "the job waits QUEUED, holding nothing, until they are"
         out.warnings.append(f"only {free} of the {world} {need} are free now: {waits}")
-    out.strategy, landing = preview_landing(world, bundle, nodes)
-    # One actor per bundle, GPU ids counted per node: then the driver's own rank order.
+    out.strategy, landing = preview_landing(units, unit, nodes)
+    # One actor per rank (tensor_size of them per bundle), GPU ids counted per node: then the
+    # driver's own rank order.
     per_node: dict[str, int] = {}
     locations = []
-    for node_id in landing:
+    for node_id in (n for n in landing for _ in range(tensor)):
         device_index = per_node.get(node_id, 0)
         per_node[node_id] = device_index + 1
         locations.append(WorkerLocation(node_id, "", (str(device_index),) if acc == "gpu" else ()))
@@ -369,6 +390,7 @@ class Fit:
     accelerator: str
     ring_size: int = 0
     ulysses_size: int = 1
+    tensor_size: int = 1
     knobs: dict[str, Any] = field(default_factory=dict)
     spec: JobSpec | None = None  # the spec it would run (fits), or the best candidate
     memory: dict[str, Any] = field(default_factory=dict)
@@ -398,14 +420,17 @@ def device_memory(spec: JobSpec, cluster: ClusterInfo) -> tuple[int | None, str]
     return int(min(shares)), f"a bundle's share of node memory ({cpw:g} CPU per rank)"
 
 
-def _shape_problem(spec: JobSpec, ring: int, ulysses: int) -> str | None:
-    """Why this ring x Ulysses cannot run the spec's lengths and heads (the spec's own rules)."""
+def _shape_problem(spec: JobSpec, ring: int, ulysses: int, tensor: int = 1) -> str | None:
+    """Why this ring x Ulysses x tensor cannot run the spec's lengths and heads (its own rules)."""
     need = ParallelDims(ring_size=ring, ulysses_size=ulysses).seq_divisor(spec.parallel.layout)
     lengths = [spec.data.seq_len, *(spec.eval.context_lengths or [])]
     lengths += [s.seq_len for s in getattr(spec.data, "curriculum", [])]
     if any(length % need for length in lengths):
         return f"seq_len not divisible by {need}"
-    if spec.model.shape_known and ulysses_heads_problem(spec.model, ulysses):
+    if spec.model.shape_known and (
+        tensor_heads_problem(spec.model, tensor)
+        or ulysses_heads_problem(spec.model, ulysses, tensor)
+    ):
         return "heads"
     return None
 
@@ -420,8 +445,29 @@ def _shapes(spec: JobSpec, group: int, gpus_per_node: int) -> list[tuple[int, in
     return [(group // u, u) for u in us]
 
 
-def _with(spec: JobSpec, ring: int, ulysses: int, knobs: dict[str, Any]) -> JobSpec:
-    parallel = spec.parallel.model_copy(update={"ring_size": ring, "ulysses_size": ulysses})
+def _tensor_sizes(spec: JobSpec, ranks_per_node: int) -> list[int]:
+    """Tensor sizes to try, in order: the spec's, then (when it is 1) each larger power of two a
+    node holds and the model splits into. A larger T divides the state and the activations per
+    rank but adds two all-reduces per block, so it comes after every sequence group at the
+    spec's T (which splits only the activations)."""
+    own = spec.parallel.tensor_size
+    if own > 1 or not spec.model.shape_known:
+        return [own]
+    sizes, t = [own], 2
+    while t <= ranks_per_node:
+        if tensor_heads_problem(spec.model, t) is None:
+            sizes.append(t)
+        t *= 2
+    return sizes
+
+
+def _with(
+    spec: JobSpec, ring: int, ulysses: int, knobs: dict[str, Any], tensor: int | None = None
+) -> JobSpec:
+    shape = {"ring_size": ring, "ulysses_size": ulysses}
+    if tensor is not None:
+        shape["tensor_size"] = tensor
+    parallel = spec.parallel.model_copy(update=shape)
     train = spec.train.model_copy(update=knobs)
     return spec.model_copy(update={"parallel": parallel, "train": train})
 
@@ -429,7 +475,9 @@ def _with(spec: JobSpec, ring: int, ulysses: int, knobs: dict[str, Any]) -> JobS
 def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None = None) -> Fit:
     """The spec it would run: the smallest sequence group (ring x Ulysses, data_parallel as given,
     world within the cluster's devices) and, at it, the cheapest knobs whose estimate fits the
-    budget (default: `device_memory`). ValueError when no budget is given and none is known."""
+    budget (default: `device_memory`); when nothing fits at the spec's tensor_size of 1, larger
+    tensor sizes inside a node (`_tensor_sizes`). ValueError when no budget is given and none is
+    known."""
     if memory_per_rank_bytes is None:
         memory_per_rank_bytes, why = device_memory(spec, cluster)
         if memory_per_rank_bytes is None:
@@ -438,9 +486,9 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
     nodes = [n for n in cluster.nodes if n.alive]
     acc = resolve_accelerator(spec.resources.accelerator, [n.gpus_total for n in nodes])
     bundle = rank_bundle(gpu=acc == "gpu", cpus_per_worker=spec.resources.cpus_per_worker)
-    devices = sum(bundles_per_node(bundle, node_resources(n, free=False)) for n in nodes)
+    per_node_counts = [bundles_per_node(bundle, node_resources(n, free=False)) for n in nodes]
+    devices = sum(per_node_counts)
     dp = spec.parallel.data_parallel
-    max_group = min(devices if nodes else MAX_WORLD, MAX_WORLD) // dp
     per_node = max((int(n.gpus_total) for n in nodes), default=0) if acc == "gpu" else 0
     knob_sets = [k for k in KNOBS if acc == "gpu" or not k["offload_activations"]]
     out = Fit(fits=False, memory_per_rank_bytes=budget, accelerator=acc)
@@ -451,51 +499,66 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
         return {
             "ring_size": p.ring_size,
             "ulysses_size": p.ulysses_size,
+            "tensor_size": p.tensor_size,
             "knobs": knobs_name(knobs),
             "total_bytes": total,
             "fits": total <= budget,
         }
 
-    for group in range(1, max_group + 1):
-        for ring, ulysses in _shapes(spec, group, per_node):
-            if _shape_problem(spec, ring, ulysses):
-                continue
-            # the leanest knobs first: when even they exceed, no cheaper set fits this shape
-            lean = _with(spec, ring, ulysses, knob_sets[-1])
-            lean_est = memory_estimate(lean, acc)
-            lean_total = int(lean_est["total_bytes"])
-            if best is None or lean_total < best[0]:
-                best = (lean_total, lean, knob_sets[-1], lean_est)
-            if lean_total > budget:
-                if len(out.alternatives) < MAX_ALTERNATIVES:
-                    out.alternatives.append(row(lean, knob_sets[-1], lean_total))
-                continue
-            for knobs in knob_sets:
-                candidate = _with(spec, ring, ulysses, knobs)
-                est = memory_estimate(candidate, acc)
-                total = int(est["total_bytes"])
-                out.alternatives.append(row(candidate, knobs, total))
-                if total <= budget:
-                    out.alternatives = out.alternatives[-MAX_ALTERNATIVES:]
-                    out.fits, out.spec, out.knobs, out.memory = True, candidate, knobs, est
-                    out.ring_size, out.ulysses_size = ring, ulysses
-                    out.message = (
-                        f"ring_size {ring} x ulysses_size {ulysses} with {knobs_name(knobs)}: "
-                        f"{total / GIB:.2f} of {budget / GIB:.2f} GiB per rank"
-                    )
-                    return out
-    # Beyond the cluster (sequence groups doubling): only to say how many devices would do.
-    group = max(max_group, 1)
-    while nodes and group * 2 * dp <= MAX_WORLD:
+    tensors = _tensor_sizes(spec, max(per_node_counts, default=0))
+    for tensor in tensors:
+        # a node holds whole tensor groups only
+        room = sum(c // tensor for c in per_node_counts) * tensor if nodes else MAX_WORLD
+        max_group = min(room, MAX_WORLD) // (dp * tensor)
+        for group in range(1, max_group + 1):
+            for ring, ulysses in _shapes(spec, group, per_node // tensor if per_node else 0):
+                if _shape_problem(spec, ring, ulysses, tensor):
+                    continue
+                # the leanest knobs first: when even they exceed, no cheaper set fits this shape
+                lean = _with(spec, ring, ulysses, knob_sets[-1], tensor)
+                lean_est = memory_estimate(lean, acc)
+                lean_total = int(lean_est["total_bytes"])
+                if best is None or lean_total < best[0]:
+                    best = (lean_total, lean, knob_sets[-1], lean_est)
+                if lean_total > budget:
+                    if len(out.alternatives) < MAX_ALTERNATIVES:
+                        out.alternatives.append(row(lean, knob_sets[-1], lean_total))
+                    continue
+                for knobs in knob_sets:
+                    candidate = _with(spec, ring, ulysses, knobs, tensor)
+                    est = memory_estimate(candidate, acc)
+                    total = int(est["total_bytes"])
+                    out.alternatives.append(row(candidate, knobs, total))
+                    if total <= budget:
+                        out.alternatives = out.alternatives[-MAX_ALTERNATIVES:]
+                        out.fits, out.spec, out.knobs, out.memory = True, candidate, knobs, est
+                        out.ring_size, out.ulysses_size = ring, ulysses
+                        out.tensor_size = tensor
+                        tp = f" x tensor_size {tensor}" if tensor > 1 else ""
+                        out.message = (
+                            f"ring_size {ring} x ulysses_size {ulysses}{tp} with "
+                            f"{knobs_name(knobs)}: {total / GIB:.2f} of {budget / GIB:.2f} GiB per rank"
+                        )
+                        return out
+    # Beyond the cluster (sequence groups doubling, the spec's tensor_size): only to say how many
+    # devices would do.
+    tensor = tensors[0]
+    group = max(min(devices if nodes else MAX_WORLD, MAX_WORLD) // (dp * tensor), 1)
+    while nodes and group * 2 * dp * tensor <= MAX_WORLD:
         group *= 2
-        for ring, ulysses in _shapes(spec, group, per_node):
-            if _shape_problem(spec, ring, ulysses):
+        for ring, ulysses in _shapes(spec, group, per_node // tensor if per_node else 0):
+            if _shape_problem(spec, ring, ulysses, tensor):
                 continue
-            lean = _with(spec, ring, ulysses, knob_sets[-1])
+            lean = _with(spec, ring, ulysses, knob_sets[-1], tensor)
             total = int(memory_estimate(lean, acc)["total_bytes"])
             if total <= budget:
                 return _short(
-                    out, best, budget, group * dp, devices, row(lean, knob_sets[-1], total)
+                    out,
+                    best,
+                    budget,
+                    group * dp * tensor,
+                    devices,
+                    row(lean, knob_sets[-1], total),
                 )
     return _short(out, best, budget, None, devices, None)
 
@@ -517,16 +580,20 @@ def _short(
     total, candidate, knobs, est = best
     out.spec, out.knobs, out.memory = candidate, knobs, est
     out.ring_size, out.ulysses_size = candidate.parallel.ring_size, candidate.parallel.ulysses_size
+    out.tensor_size = candidate.parallel.tensor_size
     out.shortfall_bytes = total - budget
     needed = f"a budget of at least {total / GIB:.2f} GiB per rank"
     if would_fit is not None and world_needed is not None:
+        tp = would_fit["tensor_size"]
         needed += (
             f", or {world_needed} devices (ring_size {would_fit['ring_size']} x ulysses_size "
-            f"{would_fit['ulysses_size']} with {would_fit['knobs']}; the cluster has {devices})"
+            f"{would_fit['ulysses_size']}" + (f" x tensor_size {tp}" if tp > 1 else "") + " with "
+            f"{would_fit['knobs']}; the cluster has {devices})"
         )
+    tp_best = f" x tensor_size {out.tensor_size}" if out.tensor_size > 1 else ""
     out.message = (
         f"nothing fits {budget / GIB:.2f} GiB per rank within the cluster's {devices} devices: the "
-        f"best candidate (ring_size {out.ring_size} x ulysses_size {out.ulysses_size} with "
+        f"best candidate (ring_size {out.ring_size} x ulysses_size {out.ulysses_size}{tp_best} with "
         f"{knobs_name(knobs)}) needs {total / GIB:.2f} GiB, {out.shortfall_bytes} bytes "
         f"({out.shortfall_bytes / GIB:.2f} GiB) over; it would need {needed}"
     )

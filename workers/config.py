@@ -237,6 +237,13 @@ class ParallelConfig(StrictModel):
         le=MAX_WORLD,
         description="Ulysses × ring: ranks of one node that trade sequence for heads by all-to-all around the ring",
     )
+    tensor_size: int = Field(
+        1,
+        ge=1,
+        le=MAX_WORLD,
+        description="tensor parallel: ranks of one node that split every block's heads and MLP "
+        "columns; each runs the ring over its own heads",
+    )
 
     auto_fields: ClassVar[frozenset[str]] = frozenset({"ring_size"})
 
@@ -758,7 +765,11 @@ class JobSpec(StrictModel):
                 f"with parallel.ring_size={ring}"
                 + (f" and parallel.ulysses_size={p.ulysses_size}" if p.ulysses_size > 1 else ""),
             )
-        if self.model.shape_known and (why := ulysses_heads_problem(self.model, p.ulysses_size)):
+        if self.model.shape_known and (why := tensor_heads_problem(self.model, p.tensor_size)):
+            _fail("parallel.tensor_size", p.tensor_size, why)
+        if self.model.shape_known and (
+            why := ulysses_heads_problem(self.model, p.ulysses_size, p.tensor_size)
+        ):
             _fail("parallel.ulysses_size", p.ulysses_size, why)
         if self.train.batch_size % p.data_parallel:
             _fail(
@@ -767,11 +778,11 @@ class JobSpec(StrictModel):
                 f"train.batch_size ({self.train.batch_size}) is the global batch and must be divisible by "
                 f"parallel.data_parallel ({p.data_parallel})",
             )
-        if p.data_parallel * ring * p.ulysses_size > MAX_WORLD:
+        if p.data_parallel * ring * p.ulysses_size * p.tensor_size > MAX_WORLD:
             _fail(
                 "parallel.ring_size",
                 p.ring_size,
-                f"ring_size × data_parallel × ulysses_size must be ≤ {MAX_WORLD}",
+                f"ring_size × data_parallel × ulysses_size × tensor_size must be ≤ {MAX_WORLD}",
             )
         if self.train.offload_activations and self.resources.accelerator == "cpu":
             _fail(
@@ -830,17 +841,41 @@ def seq_multiple(layout: str, ring_size: int, ulysses_size: int = 1) -> int:
     return ParallelDims(ring_size=ring_size, ulysses_size=ulysses_size).seq_divisor(layout)
 
 
-def ulysses_heads_problem(model: ModelSection, ulysses_size: int) -> str | None:
-    """Why these heads cannot be split over a Ulysses group (`workers.attention.ulysses`' GQA rule), or None."""
-    h, kv, u = model.n_heads, model.kv_heads, ulysses_size
+def tensor_heads_problem(model: ModelSection, tensor_size: int) -> str | None:
+    """Why this model cannot be split over a tensor-parallel group of `tensor_size`, or None.
+
+    Each tensor rank holds n_heads/T query heads, kv_heads/T K/V heads (never repeated: a K/V head
+    lives on exactly one tensor rank) and ffn_hidden/T MLP columns."""
+    t = tensor_size
+    if t == 1:
+        return None
+    for field, size in (
+        ("model.n_heads", model.n_heads),
+        ("model.n_kv_heads", model.kv_heads),
+        ("the MLP's hidden size", model.ffn_hidden),
+    ):
+        if size % t:
+            return f"{field} ({size}) must be divisible by parallel.tensor_size ({t})"
+    return None
+
+
+def ulysses_heads_problem(
+    model: ModelSection, ulysses_size: int, tensor_size: int = 1
+) -> str | None:
+    """Why a tensor rank's heads cannot be split over a Ulysses group (`workers.attention.ulysses`'
+    GQA rule), or None. With tensor parallelism the Ulysses group splits each tensor rank's share."""
+    t, u = tensor_size, ulysses_size
+    h, kv = model.n_heads // t, model.kv_heads // t
     if u == 1:
         return None
+    of = f" per tensor rank (tensor_size {t})" if t > 1 else ""
     if h % u:
-        return f"model.n_heads ({h}) must be divisible by parallel.ulysses_size ({u})"
+        return f"model.n_heads ({h}{of}) must be divisible by parallel.ulysses_size ({u})"
     if kv % u and u % kv:
         return (
-            f"model.n_kv_heads ({kv}) and parallel.ulysses_size ({u}) must divide one another: each Ulysses rank "
-            "holds kv_heads/ulysses_size K/V heads, or one repeated head when ulysses_size > kv_heads"
+            f"model.n_kv_heads ({kv}{of}) and parallel.ulysses_size ({u}) must divide one another: "
+            "each Ulysses rank holds kv_heads/ulysses_size K/V heads, or one repeated head when "
+            "ulysses_size > kv_heads"
         )
     return None
 

@@ -7,13 +7,16 @@ beside `workers.config` and `workers.protocol` in the ground layer, so the contr
 it.
 
 The shape (`ParallelDims`, after torchtitan's class of the same name): world = data_parallel x
-ulysses_size x ring_size. The *sequence group* is the ulysses_size x ring_size ranks that share one
-sequence (one data-parallel replica). Its ranks are contiguous, Ulysses innermost:
+ring_size x ulysses_size x tensor_size. The *sequence group* is the ulysses_size x ring_size ranks
+the sequence is split over; a tensor-parallel group (tensor_size ranks) holds the same tokens and
+splits the heads and MLP columns instead. A *replica* is one data-parallel copy: ring x Ulysses x
+tensor ranks. Its ranks are contiguous, tensor innermost, then Ulysses:
 
-    rank = (dp_index * ring_size + ring_rank) * ulysses_size + ulysses_rank
+    rank = ((dp_index * ring_size + ring_rank) * ulysses_size + ulysses_rank) * tensor_size + tp_rank
 
-so a Ulysses group (the latency-bound all-to-all) is a block of neighbouring ranks, a ring is a
-block of Ulysses groups, and rank ordering keeps each sequence group on as few nodes as possible.
+so a tensor group (two all-reduces per block: the chattiest) is a block of neighbouring ranks on
+one node, a Ulysses group (the latency-bound all-to-all) is a block of tensor groups, a ring is a
+block of Ulysses groups, and rank ordering keeps each replica on as few nodes as possible.
 `seq_divisor(layout)` is what the global sequence length must be a multiple of: the ring layout
 cuts the sequence into ring_size (contiguous, striped) or 2 x ring_size (zigzag) chunks, and each
 ring shard splits again into ulysses_size equal pieces.
@@ -27,14 +30,21 @@ The rules, each decided here only:
   demand is one GPU per rank and must not change with what happens to be up; a job larger than the
   GPUs waits for them or is refused, never moved silently onto CPUs, and a GPU group the autoscaler
   scaled to zero still means GPUs.
-- One bundle per rank (`rank_bundle`): {"CPU": cpus_per_worker}, plus {"GPU": 1} on GPUs.
+- One bundle per rank (`rank_bundle`): {"CPU": cpus_per_worker}, plus {"GPU": 1} on GPUs. With
+  tensor parallelism, one bundle per *tensor group* (`ParallelDims.placement_bundle`: a rank's
+  resources times tensor_size, its T actors started inside it): Ray keeps a bundle on one node,
+  but nothing short of STRICT_PACK for the whole job keeps several bundles together, and a tensor
+  group split over two nodes would put two all-reduces per block on the network. Capacity is
+  counted in these units everywhere (admission, planner, driver).
 - Bundles per node (`bundles_per_node`): counted in Ray's resource unit (0.0001), as Ray itself
   counts, so 0.3 free CPUs hold three bundles of 0.1 CPU. Float floor division said two in the
   planner and in admission while the driver's placement check said three.
 - Strategy (`choose_strategy`): STRICT_PACK when one node's *total* resources hold the whole job,
   else PACK. The planner previews what the driver will ask Ray for.
 - Rank order (`order_ranks`) and crossings (`ring_crossings`): the planner's preview and the driver
-  call the same functions.
+  call the same functions. A tensor group never spans nodes: its all-reduces sit on the critical
+  path of every block, so ranks are handed out in whole tensor groups per node, and a placement
+  that leaves a node a part of one is refused (`TensorGroupSplit`).
 """
 
 from __future__ import annotations
@@ -63,6 +73,13 @@ class _ParallelFields(Protocol):
     @property
     def ulysses_size(self) -> int: ...
 
+    @property
+    def tensor_size(self) -> int: ...
+
+
+class TensorGroupSplit(ValueError):
+    """A placement put part of a tensor-parallel group on another node."""
+
 
 @dataclass(frozen=True)
 class RankCoordinates:
@@ -71,6 +88,7 @@ class RankCoordinates:
     dp_index: int  # data-parallel replica
     ring_rank: int
     ulysses_rank: int
+    tp_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,9 +98,10 @@ class ParallelDims:
     data_parallel: int = 1
     ring_size: int = 1
     ulysses_size: int = 1
+    tensor_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("data_parallel", "ring_size", "ulysses_size"):
+        for name in ("data_parallel", "ring_size", "ulysses_size", "tensor_size"):
             degree = getattr(self, name)
             if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {degree!r}")
@@ -90,21 +109,38 @@ class ParallelDims:
     @classmethod
     def of(cls, parallel: _ParallelFields) -> ParallelDims:
         """The shape of a spec's `parallel` section."""
-        return cls(parallel.data_parallel, parallel.ring_size, parallel.ulysses_size)
+        tensor = getattr(parallel, "tensor_size", 1)
+        return cls(parallel.data_parallel, parallel.ring_size, parallel.ulysses_size, tensor)
 
     @property
     def seq_group_size(self) -> int:
-        """Ranks that share one sequence: ulysses_size x ring_size (one data-parallel replica)."""
+        """Ranks the sequence is split over: ulysses_size x ring_size."""
         return self.ulysses_size * self.ring_size
 
     @property
+    def replica_size(self) -> int:
+        """Ranks of one data-parallel replica: the sequence group times the tensor group."""
+        return self.seq_group_size * self.tensor_size
+
+    @property
     def world_size(self) -> int:
-        return self.data_parallel * self.seq_group_size
+        return self.data_parallel * self.replica_size
+
+    @property
+    def placement_units(self) -> int:
+        """Placement bundles the job reserves: one per tensor group (one per rank without TP)."""
+        return self.world_size // self.tensor_size
+
+    def placement_bundle(self, *, gpu: bool, cpus_per_worker: float) -> dict[str, float]:
+        """The resources of one placement bundle: a tensor group's ranks, on one node."""
+        rank = rank_bundle(gpu=gpu, cpus_per_worker=cpus_per_worker)
+        return {kind: amount * self.tensor_size for kind, amount in rank.items()}
 
     def describe(self) -> str:
         """The shape in words, for messages."""
         dp, ulysses, ring = self.data_parallel, self.ulysses_size, self.ring_size
-        return f"data_parallel {dp} x ulysses_size {ulysses} x ring_size {ring}"
+        words = f"data_parallel {dp} x ulysses_size {ulysses} x ring_size {ring}"
+        return words + (f" x tensor_size {self.tensor_size}" if self.tensor_size > 1 else "")
 
     def seq_divisor(self, layout: str) -> int:
         """The global sequence length must be a multiple of this for `layout`."""
@@ -116,17 +152,19 @@ class ParallelDims:
     def coordinates(self, rank: int) -> RankCoordinates:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+        t = self.tensor_size
         return RankCoordinates(
-            dp_index=rank // self.seq_group_size,
-            ring_rank=(rank // self.ulysses_size) % self.ring_size,
-            ulysses_rank=rank % self.ulysses_size,
+            dp_index=rank // self.replica_size,
+            ring_rank=(rank // (self.ulysses_size * t)) % self.ring_size,
+            ulysses_rank=(rank // t) % self.ulysses_size,
+            tp_rank=rank % t,
         )
 
     def order_ranks(self, locations: Sequence[WorkerLocation]) -> list[RankAssignment]:
-        return order_ranks(locations, self.seq_group_size, self.data_parallel)
+        return order_ranks(locations, self.replica_size, self.data_parallel, self.tensor_size)
 
     def ring_crossings(self, assignments: Sequence[RankAssignment]) -> list[int]:
-        return ring_crossings(assignments, self.seq_group_size)
+        return ring_crossings(assignments, self.replica_size)
 
 
 # --- accelerator and bundles ------------------------------------------------------------------
@@ -214,10 +252,14 @@ def _first_gpu(location: WorkerLocation) -> tuple[int, int | str]:
 
 
 def _fill_groups(
-    node_order: list[str], remaining: dict[str, list[int]], seq_group_size: int, data_parallel: int
-) -> list[list[tuple[str, list[int]]]]:
-    """Each sequence group as (node, actors) segments, on as few nodes as possible (best fit)."""
-    groups: list[list[tuple[str, list[int]]]] = []
+    node_order: list[str],
+    remaining: dict[str, list[tuple[int, ...]]],
+    seq_group_size: int,
+    data_parallel: int,
+) -> list[list[tuple[str, list[tuple[int, ...]]]]]:
+    """Each group as (node, units) segments, on as few nodes as possible (best fit). A unit is
+    one tensor group's actors (one actor without tensor parallelism)."""
+    groups: list[list[tuple[str, list[tuple[int, ...]]]]] = []
     for _ in range(data_parallel):
         need, segments = seq_group_size, []
         while need:
@@ -239,7 +281,10 @@ def _fill_groups(
 
 
 def order_ranks(
-    locations: Sequence[WorkerLocation], seq_group_size: int, data_parallel: int = 1
+    locations: Sequence[WorkerLocation],
+    seq_group_size: int,
+    data_parallel: int = 1,
+    tensor_size: int = 1,
 ) -> list[RankAssignment]:
     """Assign ranks to actors (index = bundle/actor order). Returns assignments indexed by rank.
 
@@ -251,6 +296,10 @@ def order_ranks(
     group spanning k >= 2 nodes crosses a node boundary exactly k times. On each node the visible
     devices are the sorted union of that node's GPU ids of this job and an actor's device is the
     index of its GPU in that list (the usual local-rank convention, so NCCL sees its peers).
+
+    `seq_group_size` is the ranks of one replica (ring x Ulysses x tensor). With `tensor_size` T >
+    1 actors are handed out in whole tensor groups (T neighbours in GPU order on one node); a node
+    holding a number of this job's actors that is not a multiple of T raises `TensorGroupSplit`.
     """
     world = seq_group_size * data_parallel
     if len(locations) != world:
@@ -264,8 +313,23 @@ def order_ranks(
     for idxs in nodes.values():
         idxs.sort(key=lambda i: (_first_gpu(locations[i]), i))
     node_order = list(nodes)
-    remaining = {n: list(idxs) for n, idxs in nodes.items()}
-    groups = _fill_groups(node_order, remaining, seq_group_size, data_parallel)
+    if seq_group_size % tensor_size:
+        raise ValueError(f"a replica of {seq_group_size} ranks holds no whole tensor groups")
+    for n, idxs in nodes.items():
+        if len(idxs) % tensor_size:
+            raise TensorGroupSplit(
+                f"node {n} holds {len(idxs)} of this job's ranks, not a multiple of "
+                f"parallel.tensor_size ({tensor_size}): a tensor-parallel group must sit on one node"
+            )
+    remaining = {
+        n: [tuple(idxs[k : k + tensor_size]) for k in range(0, len(idxs), tensor_size)]
+        for n, idxs in nodes.items()
+    }
+    unit_groups = _fill_groups(node_order, remaining, seq_group_size // tensor_size, data_parallel)
+    groups = [
+        [(n, [i for unit in units for i in unit]) for n, units in segments]
+        for segments in unit_groups
+    ]
 
     # Keep a node shared by consecutive groups adjacent in global rank order: its segment goes last
     # in the earlier group and first in the later one (a ring is a cycle: segment order does not

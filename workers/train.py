@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node N -m workers.train SPEC.yaml [--steps K] [--metrics-jsonl PATH] [--checkpoint-dir DIR]
 
-N must equal data_parallel × ulysses_size × ring_size. Rendezvous comes from torchrun's
+N must equal data_parallel × ring_size × ulysses_size × tensor_size. Rendezvous comes from torchrun's
 environment (env://); the backend is nccl when CUDA is available, else gloo. Each metric point
 becomes one JSON line {"step", "name", "value", "rank"?}: every rank appends to PATH when given
 (its per-rank points included), otherwise rank 0 prints to stdout.
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if world != spec.world_size:
         parser.error(
             f"launched {world} processes but the spec needs "
-            f"data_parallel x ulysses_size x ring_size = {spec.world_size}"
+            f"data_parallel x ring_size x ulysses_size x tensor_size = {spec.world_size}"
         )
     if "RANK" in os.environ:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")

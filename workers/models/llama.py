@@ -140,9 +140,10 @@ class Attention(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.wk(x).view(b, s, self.kv_heads, self.head_dim), cos, sin)
-        v = self.wv(x).view(b, s, self.kv_heads, self.head_dim)
+        # heads from the projections' width (-1): under tensor parallelism a rank holds a share
+        q = apply_rope(self.wq(x).view(b, s, -1, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(b, s, -1, self.head_dim), cos, sin)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
         if (
             sp is None and cu_seqlens is None
         ):  # no sequence parallelism: the whole sequence is local
@@ -155,7 +156,7 @@ class Attention(nn.Module):
             ).transpose(1, 2)
         else:
             out = (sp or SequenceParallel(None)).attend(q, k, v, cu_seqlens=cu_seqlens)
-        return self.wo(out.reshape(b, s, self.n_heads * self.head_dim))
+        return self.wo(out.reshape(b, s, -1))
 
 
 class SwiGLU(nn.Module):

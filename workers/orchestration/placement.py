@@ -46,15 +46,25 @@ def make_bundles(world_size: int, *, gpu: bool, cpus_per_worker: float) -> list[
 
 
 def capacity_shortfall(
-    world_size: int, bundle: Mapping[str, float], nodes_total: Sequence[Mapping[str, float]]
+    bundles: int,
+    bundle: Mapping[str, float],
+    nodes_total: Sequence[Mapping[str, float]],
+    *,
+    ranks_per_bundle: int = 1,
 ) -> str | None:
-    """A sentence saying why the group can never be placed on these nodes, or None if it can."""
+    """A sentence saying why the group can never be placed on these nodes, or None if it can.
+    `ranks_per_bundle` > 1: each bundle is a tensor group (its ranks must share a node)."""
     fits = sum(bundles_per_node(bundle, node) for node in nodes_total)
-    if fits >= world_size:
+    if fits >= bundles:
         return None
     want = ", ".join(f"{v:g} {k}" for k, v in bundle.items())
+    if ranks_per_bundle > 1:
+        return (
+            f"the cluster can host at most {fits} of the {bundles} tensor groups ({want} each, "
+            f"on one node) across {len(nodes_total)} node(s); waiting for more nodes"
+        )
     return (
-        f"the cluster can host at most {fits} of the {world_size} ranks ({want} each) across "
+        f"the cluster can host at most {fits} of the {bundles} ranks ({want} each) across "
         f"{len(nodes_total)} node(s); waiting for more nodes"
     )
 

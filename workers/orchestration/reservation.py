@@ -24,9 +24,8 @@ from workers.orchestration.placement import (
     capacity_shortfall,
     choose_strategy,
     dist_backend,
-    make_bundles,
 )
-from workers.parallel_dims import ParallelDims, resolve_accelerator
+from workers.parallel_dims import ParallelDims, rank_bundle, resolve_accelerator
 from workers.protocol import RankPlacement
 
 ACTOR_NAMESPACE = "ringtrain"
@@ -154,14 +153,18 @@ def reserve(
     whatever it created when it raises.
     """
     dims = ParallelDims.of(spec.parallel)
-    world = dims.world_size
+    world, units, per_unit = dims.world_size, dims.placement_units, dims.tensor_size
     nodes_total = alive_node_resources()
     gpu = wants_gpus(spec, nodes_total) if gpu is None else gpu
-    bundles = make_bundles(world, gpu=gpu, cpus_per_worker=spec.resources.cpus_per_worker)
-    strategy = choose_strategy(world, bundles[0], nodes_total)
-    shortfall = capacity_shortfall(world, bundles[0], nodes_total)
-    want = ", ".join(f"{v:g} {k}" for k, v in bundles[0].items())
-    reason = f"waiting for resources: {world} rank(s) × ({want}), {strategy}"
+    rank = rank_bundle(gpu=gpu, cpus_per_worker=spec.resources.cpus_per_worker)
+    # one bundle per rank; with tensor parallelism one per tensor group, which Ray keeps on a node
+    unit = dims.placement_bundle(gpu=gpu, cpus_per_worker=spec.resources.cpus_per_worker)
+    bundles = [dict(unit) for _ in range(units)]
+    strategy = choose_strategy(units, unit, nodes_total)
+    shortfall = capacity_shortfall(units, unit, nodes_total, ranks_per_bundle=per_unit)
+    want = ", ".join(f"{v:g} {k}" for k, v in unit.items())
+    what = f"{units} tensor group(s) of {per_unit}" if per_unit > 1 else f"{world} rank(s)"
+    reason = f"waiting for resources: {what} × ({want}), {strategy}"
     if shortfall:
         reason += f"; {shortfall}"
     pg = placement_group(bundles, strategy=strategy, name=name)
@@ -175,15 +178,15 @@ def reserve(
                 raise Cancelled()
             if time.monotonic() > deadline:
                 raise PlacementTimeout(
-                    f"could not place {world} rank(s) × ({want}) within {timeout_s:g}s "
+                    f"could not place {what} × ({want}) within {timeout_s:g}s "
                     f"({strategy}): {shortfall or 'the cluster resources stayed busy'}"
                 )
         group.actors = [
             remote_rank_actor(
-                num_cpus=bundles[0]["CPU"],
-                num_gpus=bundles[0].get("GPU", 0.0),
+                num_cpus=rank["CPU"],
+                num_gpus=rank.get("GPU", 0.0),
                 placement_group=pg,
-                bundle_index=i,
+                bundle_index=i // per_unit,  # a tensor group's actors share its bundle
                 name=f"{name}-b{i}",
                 namespace=ACTOR_NAMESPACE,
             )

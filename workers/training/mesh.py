@@ -1,14 +1,16 @@
-"""The job's device mesh: `data_parallel × ring_size × ulysses_size`, named dims, flattened for sharding.
+"""The job's device mesh: `data_parallel × ring × ulysses × tp`, named dims, flattened for sharding.
 
-Rank = (dp_index · ring_size + ring_rank) · ulysses_size + ulysses_rank (`workers.parallel_dims`,
-the layout `workers.attention.ulysses.usp_group_ranks` assumes too): a Ulysses group is a
-contiguous block of ranks, a ring is a contiguous block of Ulysses groups, so the chattiest
-exchanges stay between neighbours.
+Rank = ((dp_index · ring_size + ring_rank) · ulysses_size + ulysses_rank) · tensor_size + tp_rank
+(`workers.parallel_dims`): a tensor group is a contiguous block of ranks, a Ulysses group a block
+of tensor groups, a ring a block of Ulysses groups, so the chattiest exchanges stay between
+neighbours.
 
 Every rank's weight gradient is a partial sum of the same loss (sequence-parallel ranks hold other
-tokens of the same sequences, data-parallel replicas other sequences), so the training state is sharded
-over *all* ranks: FSDP uses the whole mesh flattened into one dimension (`shard_mesh`, torchtitan's
-`dp_shard_cp`), and its reduce-scatter is the gradient sum.
+tokens of the same sequences, data-parallel replicas other sequences), so the training state is
+sharded over every dimension but the tensor one: FSDP uses dp × ring × ulysses flattened into one
+dimension (`shard_mesh`, torchtitan's `dp_shard_cp`), and its reduce-scatter is the gradient sum.
+The tensor dimension (`tp_mesh`) splits heads and MLP columns instead (`parallelize`); its ranks
+hold the same tokens, so they are not part of the sum.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from workers.parallel_dims import ParallelDims
 
-DIMS = ("dp", "ring", "ulysses")
+DIMS = ("dp", "ring", "ulysses", "tp")
+SHARD_DIMS = ("dp", "ring", "ulysses")
 SHARD_DIM = "dp_ring_ulysses"
 
 
@@ -35,11 +38,21 @@ class Mesh:
     ulysses_size: int = 1
     ulysses_group: dist.ProcessGroup | None = None
     device_mesh: DeviceMesh | None = None  # dims DIMS; None without torch.distributed
-    shard_mesh: DeviceMesh | None = None  # all of DIMS flattened: what FSDP shards over
+    shard_mesh: DeviceMesh | None = None  # SHARD_DIMS flattened: what FSDP shards over
+    tensor_size: int = 1
+    tp_mesh: DeviceMesh | None = None  # the "tp" dimension: what tensor parallelism splits over
 
     @property
     def dims(self) -> ParallelDims:
-        return ParallelDims(self.data_parallel, self.ring_size, self.ulysses_size)
+        return ParallelDims(self.data_parallel, self.ring_size, self.ulysses_size, self.tensor_size)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.dims.coordinates(self.rank).tp_rank
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup | None:
+        return self.tp_mesh.get_group() if self.tp_mesh is not None else None
 
     @property
     def dp_index(self) -> int:
@@ -59,12 +72,16 @@ class Mesh:
 
 
 def build_mesh(
-    ring_size: int, data_parallel: int, ulysses_size: int = 1, device_type: str = "cpu"
+    ring_size: int,
+    data_parallel: int,
+    ulysses_size: int = 1,
+    device_type: str = "cpu",
+    tensor_size: int = 1,
 ) -> Mesh:
     """The mesh over the initialized default group (collective: all ranks call it, in the same order).
 
     Without torch.distributed only a world of one is possible, and there is nothing to shard over."""
-    dims = ParallelDims(data_parallel, ring_size, ulysses_size)
+    dims = ParallelDims(data_parallel, ring_size, ulysses_size, tensor_size)
     if not (dist.is_available() and dist.is_initialized()):
         if dims.world_size != 1:
             raise RuntimeError(f"{dims.describe()} needs torch.distributed")
@@ -73,7 +90,7 @@ def build_mesh(
     if world != dims.world_size:
         raise RuntimeError(f"world size {world} != {dims.describe()}")
     mesh = init_device_mesh(
-        device_type, (data_parallel, ring_size, ulysses_size), mesh_dim_names=DIMS
+        device_type, (data_parallel, ring_size, ulysses_size, tensor_size), mesh_dim_names=DIMS
     )
     return Mesh(
         rank=rank,
@@ -85,5 +102,7 @@ def build_mesh(
         ulysses_size=ulysses_size,
         ulysses_group=mesh["ulysses"].get_group(),
         device_mesh=mesh,
-        shard_mesh=mesh[DIMS]._flatten(SHARD_DIM),
+        shard_mesh=mesh[SHARD_DIMS]._flatten(SHARD_DIM),
+        tensor_size=tensor_size,
+        tp_mesh=mesh["tp"] if tensor_size > 1 else None,
     )

@@ -2,7 +2,10 @@
 
 Under FSDP every parameter, gradient and AdamW moment is a DTensor shard; the optimizer steps on the
 local shards (fp32 master weights). The global gradient norm is the norm of all shards: torch's
-`get_total_norm` returns it as a partial DTensor and `full_tensor()` sums it over the mesh.
+`get_total_norm` returns it as a partial DTensor and `full_tensor()` sums it over the mesh. With
+tensor parallelism the gradients live on two meshes (the split projections on shard x tp, the rest
+on the shard mesh alone), which one `get_total_norm` cannot mix: the norm is taken per mesh and the
+per-mesh norms combined.
 """
 
 from __future__ import annotations
@@ -59,11 +62,17 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
         return 0.0
-    total = torch.nn.utils.get_total_norm(
-        [p.grad for p in with_grad if p.grad is not None], 2.0, foreach=False
-    )
-    if isinstance(total, DTensor):
-        total = total.full_tensor()  # collective: the norm over every rank's shards
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for p in with_grad:
+        assert p.grad is not None
+        key = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+        by_mesh.setdefault(key, []).append(p.grad)
+    norms = []
+    for grads in by_mesh.values():  # the same order on every rank: parameter order
+        norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
+        # collective: the norm over every rank's shards
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, total, foreach=False)
     return float(total)

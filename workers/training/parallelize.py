@@ -1,4 +1,6 @@
-"""Apply activation checkpointing and FSDP2 to a model from outside, the way torchtitan does.
+"""Apply tensor parallelism, activation checkpointing and FSDP2 to a model from outside, the way
+torchtitan does: tensor parallelism first (`workers.training.tensor_parallel`: each block's heads
+and MLP columns over the mesh's `tp` dimension), then the memory knobs, then FSDP over the rest.
 
 Both model kinds expose their decoder blocks as `model.layers`. Each block becomes its own FSDP unit
 (all-gathered just before it runs, freed after; its gradient reduce-scattered as soon as backward leaves
@@ -25,6 +27,7 @@ the blocks unrounded; the residual stream is bf16 because the gathered embedding
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -43,7 +46,21 @@ from torch.utils.checkpoint import checkpoint
 from workers.config import mlp_tiles
 from workers.training.mesh import Mesh
 from workers.training.offload import BlockInputOffload, offload_block_inputs
+from workers.training.tensor_parallel import TensorParallel, apply_tensor_parallel
 from workers.training.tiling import tile_mlp
+
+
+@dataclass(frozen=True)
+class Parallelized:
+    """What `parallelize` applied that the trainer needs again later."""
+
+    offload: BlockInputOffload | None = None  # offloaded activations (for their byte count)
+    tensor: TensorParallel | None = None  # tensor parallelism (partial gradients to finish)
+
+    def finish_gradients(self) -> None:
+        """After backward: what FSDP's reduce-scatter does not do (tensor-partial gradients)."""
+        if self.tensor is not None:
+            self.tensor.finish_gradients()
 
 
 def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
@@ -104,9 +121,10 @@ def parallelize(
     activation_checkpointing: str | bool,
     tiled_mlp: str | int = "off",
     offload_activations: bool = False,
-) -> BlockInputOffload | None:
-    """Memory knobs first (inside each FSDP unit, so FSDP's gather/free hooks stay outside the recomputed
-    region), then FSDP. Returns the offload state when activations are offloaded (for its byte count)."""
+) -> Parallelized:
+    """Tensor parallelism first (plain modules in, DTensor-split projections out), then the memory
+    knobs (inside each FSDP unit, so FSDP's gather/free hooks stay outside the recomputed region),
+    then FSDP."""
     if isinstance(activation_checkpointing, bool):  # the older boolean form
         activation_checkpointing = "full" if activation_checkpointing else "none"
     mode = activation_checkpointing
@@ -114,6 +132,7 @@ def parallelize(
         raise ValueError("train.offload_activations needs CUDA: this rank has no GPU")
     if offload_activations and mode != "full":
         raise ValueError("train.offload_activations needs train.activation_checkpointing: full")
+    tensor = apply_tensor_parallel(model, mesh.tp_mesh) if mesh.tp_mesh is not None else None
     if tiled_mlp != "off":
         apply_tiled_mlp(model, tiled_mlp, _hidden_size(model))
     if mode == "selective" and tiled_mlp == "off":
@@ -123,7 +142,7 @@ def parallelize(
     offload = offload_block_inputs(model.layers, device) if offload_activations else None  # type: ignore[arg-type]
     if mesh.shard_mesh is not None:
         apply_fsdp(model, mesh, device)
-    return offload
+    return Parallelized(offload, tensor)
 
 
 def _hidden_size(model: nn.Module) -> int:

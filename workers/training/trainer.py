@@ -106,10 +106,11 @@ class Trainer:
             spec.parallel.data_parallel,
             spec.parallel.ulysses_size,
             self.device.type,
+            spec.parallel.tensor_size,
         )
         torch.manual_seed(spec.train.seed)
         self.model = skeleton(spec)
-        self.offload = parallelize(
+        self.parallelized = parallelize(
             self.model,
             self.mesh,
             self.device,
@@ -117,6 +118,7 @@ class Trainer:
             tiled_mlp=spec.train.tiled_mlp,
             offload_activations=spec.train.offload_activations,
         )
+        self.offload = self.parallelized.offload
         materialize(self.model, spec, self.device)
         self.model.set_sequence_parallel(
             SequenceParallel(self.mesh.ring_group, spec.parallel.layout, self._ulysses_group())
@@ -237,6 +239,7 @@ class Trainer:
             ulysses_group=self._ulysses_group(),
             # the dtype `_autocast` trains in
             autocast_dtype=torch.bfloat16 if self.device.type == "cuda" else None,
+            finish_gradients=self.parallelized.finish_gradients,
         )
         self.needs_verification = False
         if self.mesh.rank == 0:
@@ -275,19 +278,23 @@ class Trainer:
             hidden, self.model.output_weight, local.labels, local.weights
         )
         loss_sum.backward()
+        self.parallelized.finish_gradients()
         return loss_sum.detach().float()
 
-    def train_step(self) -> StepStats:
-        """One optimizer step on the global batch of `self.step`; collective over all ranks."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
-        lr = float(self.scheduler.get_last_lr()[0])
-        local = self.local_batch()
+    def backward_step(self, local: Batch) -> torch.Tensor:
+        """Forward and backward of `local`, gradients reduced and divided by the global token
+        weight: each parameter's `.grad` is its shard of the global token mean's gradient.
+        Returns [loss sum, token weight, stop flag], each summed over the ranks; collective."""
         loss_sum = self.forward_backward(local)
         stop_flag = 1.0 if self.stop is not None and self.stop.is_set() else 0.0
+        # a tensor group's ranks hold the same tokens: count them once (on tensor rank 0)
+        counted = 1.0 if self.mesh.tp_rank == 0 else 0.0
         stats = torch.stack(
-            [loss_sum, local.weights.sum().float(), torch.tensor(stop_flag, device=self.device)]
+            [
+                loss_sum * counted,
+                local.weights.sum().float() * counted,
+                torch.tensor(stop_flag, device=self.device),
+            ]
         )
         if self.mesh.distributed:
             dist.all_reduce(
@@ -299,6 +306,17 @@ class Trainer:
                 p.grad is not None
             ):  # an unused parameter has no gradient: AdamW skips it, as on one process
                 p.grad.div_(total_weight)
+        return stats
+
+    def train_step(self) -> StepStats:
+        """One optimizer step on the global batch of `self.step`; collective over all ranks."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        lr = float(self.scheduler.get_last_lr()[0])
+        local = self.local_batch()
+        stats = self.backward_step(local)
+        total_weight = stats[1].clamp_min(1e-12)
         grad_norm = clip_grad_norm(self.params, self.spec.train.grad_clip)
         self.optimizer.step()
         held = state_bytes(self.params, self.optimizer)
@@ -308,9 +326,8 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.step += 1
         self.last_loss = float(stats[0] / total_weight)
-        tokens = (
-            local.inputs.numel() * self.mesh.world
-        )  # every rank holds an equal share of the global batch
+        # every sequence-parallel rank holds an equal share of the global batch
+        tokens = local.inputs.numel() * (self.mesh.world // self.mesh.tensor_size)
         return StepStats(
             self.last_loss,
             lr,

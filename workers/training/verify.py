@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -209,6 +209,7 @@ def _pass(
     rows: torch.Tensor | None,
     autocast: AbstractContextManager[object],
     grad_scale: float,
+    finish_gradients: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Forward and backward of `batch`: (the logits of sequence positions `rows`, or of all, and
     every parameter's local gradient times `grad_scale`); the gradients are None again after."""
@@ -220,6 +221,8 @@ def _pass(
         picked = hidden.detach() if rows is None else hidden.detach()[:, rows]
         logits = (picked @ weight.detach().to(picked.dtype).t()).float()
     linear_cross_entropy_sum(hidden, weight, batch.labels, batch.weights).backward()
+    if finish_gradients is not None:
+        finish_gradients()
     none = torch.zeros(0, device=hidden.device)  # a parameter without a gradient (unused)
     grads = []
     for p in model.parameters():
@@ -295,10 +298,12 @@ def verify(
     *,
     ulysses_group: dist.ProcessGroup | None = None,
     autocast_dtype: torch.dtype | None = None,
+    finish_gradients: Callable[[], None] | None = None,
 ) -> Verification:
     """Run the check (collective over all ranks); the caller decides what a failure does.
 
-    `autocast_dtype`: the dtype training computes in under autocast (bf16 on CUDA); None: fp32."""
+    `autocast_dtype`: the dtype training computes in under autocast (bf16 on CUDA); None: fp32.
+    `finish_gradients`: what training runs after backward (`Parallelized.finish_gradients`)."""
     t0 = time.perf_counter()
     tokens = verification_tokens(spec)
     batch = verification_batch(spec, tokens)
@@ -326,10 +331,16 @@ def verify(
     try:
         with _preserved_rng(device):
             # every data-parallel replica runs the same sequence: data_parallel x one gradient
-            got_logits, got_grads = _pass(model, local, None, autocast(), 1 / mesh.data_parallel)
+            got_logits, got_grads = _pass(
+                model, local, None, autocast(), 1 / mesh.data_parallel, finish_gradients
+            )
             model.set_sequence_parallel(OneRankAttention(None, spec.parallel.layout))
-            # every rank runs the whole sequence: FSDP's reduce-scatter sums world x one gradient
-            ref_logits, ref_grads = _pass(model, whole, rows, autocast(), 1 / mesh.world)
+            # every rank runs the whole sequence: FSDP's reduce-scatter sums one gradient per rank
+            # of its mesh (all but the tensor dimension, whose ranks split the gradient instead)
+            summed = mesh.world // mesh.tensor_size
+            ref_logits, ref_grads = _pass(
+                model, whole, rows, autocast(), 1 / summed, finish_gradients
+            )
             model.set_sequence_parallel(sp)
             fp32_err = None
             if dtype != torch.float32:

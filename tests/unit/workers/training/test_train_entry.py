@@ -116,4 +116,4 @@ def test_entry_refuses_a_world_that_does_not_match_the_spec(tmp_path, monkeypatc
     with pytest.raises(SystemExit) as exc:
         main([str(_spec_file(tmp_path, 2))])
     assert exc.value.code == 2
-    assert "data_parallel x ulysses_size x ring_size = 2" in capsys.readouterr().err
+    assert "data_parallel x ring_size x ulysses_size x tensor_size = 2" in capsys.readouterr().err
