@@ -177,6 +177,34 @@ def test_two_rank_job_succeeds_and_metrics_arrive_in_order(harness: Harness) -> 
     )
 
 
+# -- ring x tensor parallel ------------------------------------------------------------------------------------------
+@pytest.mark.ray
+@pytest.mark.slow
+def test_tensor_groups_share_a_bundle_and_the_job_trains(harness: Harness) -> None:
+    """ring 2 x tensor 2: two placement bundles (one per tensor group, so Ray keeps each on one
+    node), four rank actors, and the same loss as ring 2 alone (tensor parallelism is exact)."""
+    spec = tiny_spec(parallel={"ring_size": 2, "tensor_size": 2}, train={"steps": 4})
+    sid = harness.submit("tp1", spec)
+    harness.wait_for("tp1", lambda j: any(s["state"] == "RUNNING" for s in j.states), 120, "RUN")
+    pgs = job_pgs(harness.head, "tp1")
+    assert len(pgs) == 1, pgs
+    bundles = [b.get("unit_resources") for b in pgs[0].get("bundles", [])]
+    assert bundles == [{"CPU": 2.0}, {"CPU": 2.0}], pgs[0]
+    final = harness.finish("tp1", sid)
+    assert final["state"] == "SUCCEEDED", final
+    job = harness.receiver.jobs["tp1"]
+    running = next(s for s in job.states if s["state"] == "RUNNING")
+    assert [p["rank"] for p in running["placement"]] == [0, 1, 2, 3]
+    tp_loss = [p["value"] for p in job.points if p["name"] == "loss"]
+
+    plain = tiny_spec(train={"steps": 4})
+    sid = harness.submit("tp0", plain)
+    assert harness.finish("tp0", sid)["state"] == "SUCCEEDED"
+    ring_loss = [p["value"] for p in harness.receiver.jobs["tp0"].points if p["name"] == "loss"]
+    assert len(tp_loss) == len(ring_loss) == 4
+    assert max(abs(a - b) / abs(b) for a, b in zip(tp_loss, ring_loss, strict=True)) < 1e-5
+
+
 # -- training code raises ------------------------------------------------------------------------------------------
 @pytest.mark.ray
 @pytest.mark.slow

@@ -156,3 +156,33 @@ def test_ring_auto_resolves_to_a_stored_spec():
     with pytest.raises(capacity.FitError) as e:
         capacity.fit_spec(make_spec(), cpu_cluster(nodes=1, cpus=4), int(0.45 * GIB))
     assert e.value.result is not None and e.value.result.shortfall_bytes > 0
+
+
+def test_fit_turns_to_tensor_parallelism_when_a_block_does_not_fit():
+    """A wide model (d_model 4096, MLP 16384): FSDP gathers two whole blocks on every rank
+    whatever the ring, so no ring fits a budget below that; tensor_size 2 halves the blocks."""
+    spec = JobSpec.model_validate(
+        {
+            "name": "wide",
+            "model": {"d_model": 4096, "n_layers": 2, "n_heads": 32, "n_kv_heads": 8},
+            "data": {"kind": "passkey", "seq_len": 4096},
+            "parallel": {"ring_size": "auto"},
+            "resources": {"accelerator": "gpu"},
+        }
+    )
+    cluster = gpu_cluster()
+    lean = {**FULL_TILED, "offload_activations": True}
+
+    def shaped(ring: int, tensor: int) -> int:
+        parallel = spec.parallel.model_copy(update={"ring_size": ring, "tensor_size": tensor})
+        train = spec.train.model_copy(update=lean)
+        candidate = spec.model_copy(update={"parallel": parallel, "train": train})
+        return int(memory_estimate(candidate, "gpu")["total_bytes"])
+
+    best_without = min(shaped(ring, 1) for ring in (1, 2, 4, 8, 16))
+    budget = (best_without + shaped(8, 2)) // 2
+    assert shaped(8, 2) < budget < best_without  # the bracket this test relies on
+    f = fit(spec, cluster, budget)
+    assert f.fits and f.tensor_size == 2 and f.spec is not None
+    assert f.spec.parallel.tensor_size == 2 and "tensor_size 2" in f.message
+    assert all(row["tensor_size"] in (1, 2) for row in f.alternatives)

@@ -66,3 +66,35 @@ def test_usp_placement_keeps_a_replica_together() -> None:
         "n1"
     ] * 4  # each Ulysses group on one node
     assert out.node_crossings == 2  # the ring of 8 leaves n0 once and comes back once
+
+
+def test_tensor_groups_land_on_one_node_and_need_whole_pairs() -> None:
+    spec = _spec(ring_size=4, tensor_size=2)  # 8 heads, 2 K/V heads: T = 2 splits both
+    p = plan(spec, _gpu_cluster(nodes=2, gpus=4))
+    assert p.fits and p.world_size == 8 and p.bundle == {"CPU": 1.0, "GPU": 1.0}
+    by_rank = {s.rank: s for s in p.placement}
+    for k in range(4):  # ranks 2k, 2k+1: one tensor group
+        assert by_rank[2 * k].node_id == by_rank[2 * k + 1].node_id
+    # three nodes of three GPUs: nine GPUs, but whole pairs make only six of the eight ranks
+    odd = plan(spec, _gpu_cluster(nodes=3, gpus=3))
+    assert not odd.fits
+    assert any("whole tensor groups of 2 per node" in w and "has 6" in w for w in odd.warnings)
+
+
+def test_memory_estimate_divides_what_tensor_parallelism_splits() -> None:
+    from service.planner import block_param_count, local_block_param_count, memory_estimate
+
+    one, two = _spec(ring_size=2), _spec(ring_size=2, tensor_size=2)
+    m = one.model
+    block = block_param_count(one)
+    norms = 2 * m.d_model
+    assert local_block_param_count(two) == (block - norms) // 2 + norms
+    e1, e2 = memory_estimate(one, "gpu"), memory_estimate(two, "gpu")
+    root = param_count(one) - m.n_layers * block
+    # state: a tensor rank's share, sharded over the ring (2 ranks) -- the tensor ranks do not shard it
+    assert e2["bytes"]["params"] == 4 * (m.n_layers * local_block_param_count(two) + root) // 2
+    assert e1["bytes"]["params"] == 4 * param_count(one) // 2
+    assert e2["local_tokens"] == e1["local_tokens"]  # a tensor group holds the same tokens
+    assert e2["bytes"]["ring_buffers"] == e1["bytes"]["ring_buffers"] // 2  # half the K/V heads
+    assert e2["bytes"]["activations"] < e1["bytes"]["activations"]
+    assert e2["bytes"]["loss"] == e1["bytes"]["loss"]  # the vocabulary is not split

@@ -20,6 +20,7 @@ from workers.parallel_dims import (
     PACK,
     STRICT_PACK,
     ParallelDims,
+    TensorGroupSplit,
     WorkerLocation,
     bundles_per_node,
     choose_strategy,
@@ -161,3 +162,56 @@ def test_the_preview_asks_for_the_strategy_the_driver_asks_for() -> None:
     assert choose_strategy(8, bundle, [{"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 4}]) == STRICT_PACK
     assert preview.fits and preview.strategy == STRICT_PACK
     assert [s.node_id for s in preview.placement] == ["big"] * 8 and preview.node_crossings == 0
+
+
+def test_tensor_groups_are_innermost_and_the_mesh_agrees() -> None:
+    """rank = ((dp x ring + ring_rank) x ulysses + ulysses_rank) x tensor + tp_rank, which is the
+    row-major order of the trainer's (dp, ring, ulysses, tp) device mesh."""
+    dims = ParallelDims(data_parallel=2, ring_size=2, ulysses_size=1, tensor_size=2)
+    assert (dims.world_size, dims.replica_size, dims.seq_group_size) == (8, 4, 2)
+    assert dims.describe().endswith("x tensor_size 2")
+    grid = [
+        (r // 4, r // 2 % 2, 0, r % 2) for r in range(8)
+    ]  # torch.arange(8).reshape(2, 2, 1, 2) read back
+    for rank, (dp, ring, ulysses, tp) in enumerate(grid):
+        where = dims.coordinates(rank)
+        assert (where.dp_index, where.ring_rank, where.ulysses_rank, where.tp_rank) == (
+            dp,
+            ring,
+            ulysses,
+            tp,
+        )
+    mesh = Mesh(3, 8, data_parallel=2, ring_size=2, ring_group=None, dp_group=None, tensor_size=2)
+    assert (mesh.dp_index, mesh.ring_rank, mesh.tp_rank) == (0, 1, 1)
+    # the sequence divisor ignores the tensor dimension: its ranks hold the same tokens
+    assert dims.seq_divisor("zigzag") == ParallelDims(ring_size=2).seq_divisor("zigzag")
+
+
+def test_a_tensor_group_is_one_bundle_and_never_crosses_a_node() -> None:
+    dims = ParallelDims(ring_size=3, tensor_size=2)
+    assert dims.placement_units == 3
+    assert dims.placement_bundle(gpu=True, cpus_per_worker=2) == {"CPU": 4.0, "GPU": 2.0}
+    # admission counts the same bundles the driver reserves
+    spec = JobSpec.model_validate(
+        {
+            "name": "tp",
+            "data": {"kind": "passkey", "seq_len": 96},
+            "parallel": {"ring_size": 3, "tensor_size": 2},
+            "resources": {"accelerator": "gpu", "cpus_per_worker": 2},
+        }
+    )
+    demand = demand_of(spec, gpu=True)
+    assert (demand.bundles, demand.gpus, demand.cpus) == (3, 6.0, 12.0)
+    assert Free("n", cpus=8, gpus=3).holds(demand) == 1  # 3 free GPUs hold one pair, not 1.5
+    # Ray hands back actors in bundle order, scrambled across nodes: 2 on a, 4 on b
+    nodes = ["b", "a", "b", "b", "a", "b"]
+    locations = [
+        WorkerLocation(n, n, (str(sum(m == n for m in nodes[:i])),)) for i, n in enumerate(nodes)
+    ]
+    ranks = dims.order_ranks(locations)
+    for pair in range(3):  # ranks 2k and 2k+1 form a tensor group: one node, neighbouring GPUs
+        a, b = ranks[2 * pair], ranks[2 * pair + 1]
+        assert a.node_id == b.node_id
+        assert int(b.device.removeprefix("cuda:")) == int(a.device.removeprefix("cuda:")) + 1
+    with pytest.raises(TensorGroupSplit, match="node a holds 1 of this job.s ranks"):
+        order_ranks(locations[:3] + [WorkerLocation("c", "c", ("0",))] * 3, 6, 1, 2)

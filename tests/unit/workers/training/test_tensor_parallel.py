@@ -9,7 +9,7 @@ process on the same global batch (fp32):
   invariance would hide from a loss curve);
 - loss and grad-norm curves over a few optimizer steps (T = 2 with rings 1-2, Ulysses, data
   parallel, packed documents, full checkpointing with a tiled MLP; pretrained llama, qwen2 with
-  biases and qwen3 with its per-head q/k norms);
+  biases and qwen3 with its per-head q/k norms), and each job's own verification passing;
 - checkpoints (DCP) written at one tensor size resume at another and continue the same curve, and
   the exported model is a plain transformers directory with the same weights.
 """
@@ -70,7 +70,8 @@ def _curves(rank: int, world: int, specs: list[str]) -> list[dict[str, list[floa
     out = []
     for spec in specs:
         points = train(rank, world, spec, None, K)["points"]
-        out.append({name: series(points, name) for name in ("loss", "grad_norm")})
+        names = ("loss", "grad_norm", "verify_max_rel_err")
+        out.append({name: series(points, name) for name in names})
     return out
 
 
@@ -211,6 +212,10 @@ def test_curves_match_one_process(tmp_path: Path, pretrained: dict[str, Path]) -
     }
     print("MEASURED relative loss/grad-norm difference:", got)
     assert max(got.values()) <= RTOL, got
+    # each job's own pre-training check ran on its tensor-parallel path and passed
+    checked = [run["verify_max_rel_err"] for run in two + four]
+    print("MEASURED verification errors:", checked)
+    assert all(len(c) == 1 and 0 <= c[0] <= 1e-4 for c in checked), checked
 
 
 def _resume(rank: int, world: int, spec_json: str, ckpt: str, until: int) -> dict[str, Any]:
