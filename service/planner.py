@@ -125,6 +125,10 @@ LOSS_CHUNK_TOKENS = (
 # Measured on CPU (bench/memory.py --breakdown, BENCHMARKS.md "Memory per token"): the resident size of a rank
 # before its step beyond its training state: interpreter, torch, gloo, the data source.
 CPU_RUNTIME_BYTES = 330 * 10**6
+# A tensor-parallel rank also holds its tensor group's gloo context and DTensor's dispatch caches, and
+# the row-wise projections' all-reduce outputs are fresh tensors: measured 30-70 MB more than the
+# terms below on CPU (tests/integration/test_memory_plan.py, ring 1 and 2 x tensor_size 2).
+CPU_RUNTIME_TP_BYTES = 40 * 10**6
 CPU_RUNTIME_HF_BYTES = (
     100 * 10**6
 )  # a pretrained model's process also holds transformers' modules (measured)
@@ -197,7 +201,11 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
     tile = _tile_tokens(spec, tokens)
     chunk = min(LOSS_CHUNK_TOKENS, tokens)
     parts = {
-        "runtime": (CPU_RUNTIME_BYTES + (CPU_RUNTIME_HF_BYTES if m.kind == "hf" else 0))
+        "runtime": (
+            CPU_RUNTIME_BYTES
+            + (CPU_RUNTIME_HF_BYTES if m.kind == "hf" else 0)
+            + (CPU_RUNTIME_TP_BYTES if T > 1 else 0)
+        )
         if acc == "cpu"
         else 0,
         "params": 4 * p_rank // S,

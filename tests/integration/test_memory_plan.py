@@ -36,7 +36,7 @@ def _peaks(rank: int, world: int, specs: list[str]) -> list[float]:
     return peaks
 
 
-def _spec(ring: int, seq: int, **train: Any) -> JobSpec:
+def _spec(ring: int, seq: int, tensor: int = 1, **train: Any) -> JobSpec:
     return tiny_spec(
         model={
             "d_model": 256,
@@ -46,7 +46,7 @@ def _spec(ring: int, seq: int, **train: Any) -> JobSpec:
             "tie_embeddings": False,
         },
         data={"kind": "passkey", "seq_len": seq, "key_digits": 3, "answer_weight": 4.0},
-        parallel={"ring_size": ring, "data_parallel": 1, "layout": "zigzag"},
+        parallel={"ring_size": ring, "data_parallel": 1, "layout": "zigzag", "tensor_size": tensor},
         train={"steps": 2, "batch_size": 1, "warmup_steps": 0, **train},
     )
 
@@ -61,13 +61,13 @@ KNOBS: list[dict[str, Any]] = [
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize(("ring", "seq"), [(1, 4096), (2, 4096)])
-def test_estimate_predicts_the_measured_peak(ring: int, seq: int) -> None:
-    specs = [_spec(ring, seq, **k) for k in KNOBS]
+@pytest.mark.parametrize(("ring", "seq", "tensor"), [(1, 4096, 1), (2, 4096, 1), (1, 4096, 2)])
+def test_estimate_predicts_the_measured_peak(ring: int, seq: int, tensor: int) -> None:
+    specs = [_spec(ring, seq, tensor, **k) for k in KNOBS]
     jsons = [s.model_dump_json() for s in specs]
     # in fresh processes, ring 1 included: the test process's own peak holds whatever earlier tests
     # left in it (its RSS is what a rank's mem_peak_bytes measures on CPU)
-    per_rank = run_distributed(_peaks, ring, jsons, timeout=1200)
+    per_rank = run_distributed(_peaks, ring * tensor, jsons, timeout=1200)
     errors = []
     for i, spec in enumerate(specs):
         measured = max(r[i] for r in per_rank)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.amp import custom_bwd, custom_fwd
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
@@ -71,6 +72,10 @@ class _TiledMLP(torch.autograd.Function):
             piece = piece.detach().requires_grad_(want_x)
             with torch.enable_grad():
                 y = ctx.forward(piece)
+            if isinstance(y, AsyncCollectiveTensor):
+                # a tensor-parallel MLP ends in an all-reduce whose result the gradient does not
+                # read; a collective nobody waits for keeps its buffers until the process ends
+                y.wait()
             grads = torch.autograd.grad(
                 y, ([piece] if want_x else []) + params, grad_piece, allow_unused=True
             )

@@ -213,5 +213,5 @@ def test_a_tensor_group_is_one_bundle_and_never_crosses_a_node() -> None:
         a, b = ranks[2 * pair], ranks[2 * pair + 1]
         assert a.node_id == b.node_id
         assert int(b.device.removeprefix("cuda:")) == int(a.device.removeprefix("cuda:")) + 1
-    with pytest.raises(TensorGroupSplit, match="node a holds 1 of this job.s ranks"):
+    with pytest.raises(TensorGroupSplit, match=r"node a holds 1 of this job.s ranks"):
         order_ranks(locations[:3] + [WorkerLocation("c", "c", ("0",))] * 3, 6, 1, 2)
