@@ -42,7 +42,7 @@ def _parallelize_offloading_on_cpu(model, mesh, device, **knobs):
     state = offload_block_inputs(model.layers, device)
     if mesh.shard_mesh is not None:
         par.apply_fsdp(model, mesh, device)
-    return state
+    return par.Parallelized(offload=state)
 
 
 def _grads(rank: int, world: int, specs: list[str], offload_on_cpu: bool) -> list[dict[str, Any]]:
