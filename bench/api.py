@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for  # noqa: E402
+from tests.support.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:

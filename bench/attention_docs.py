@@ -20,8 +20,8 @@ import time
 
 import torch
 import torch.distributed as dist
-from tests.dist import run_distributed
 
+from tests.support.dist import run_distributed
 from workers.attention.plan import Documents, ring_plan
 from workers.attention.ring import _ring_attention
 

@@ -21,9 +21,8 @@ import ctypes
 import re
 from pathlib import Path
 
-from tests.dist import run_distributed
-
 from service.planner import memory_estimate
+from tests.support.dist import run_distributed
 from workers.config import JobSpec
 
 GIB = 1 << 30

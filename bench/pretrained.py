@@ -22,7 +22,8 @@ import argparse
 import time
 
 import torch
-from tests.dist import run_distributed
+
+from tests.support.dist import run_distributed
 
 RINGS = (1, 2, 4)
 MIB = 1 << 20

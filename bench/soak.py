@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.api_harness import ALICE, TINY_SPEC  # noqa: E402
+from tests.support.api_harness import ALICE, TINY_SPEC  # noqa: E402
 
 NAMES = ("loss", "lr", "tokens_per_s", "grad_norm")
 
@@ -47,7 +47,7 @@ def serve(tmp: Path, ready_file: Path) -> None:
     The launcher records submits like the tests' one and also leaves each job's ingest token in a file,
     which is how the parent (playing the driver) gets it.
     """
-    from tests.api_harness import RecordingLauncher, running
+    from tests.support.api_harness import RecordingLauncher, running
 
     class TokenFileLauncher(RecordingLauncher):
         def submit(self, req):  # type: ignore[no-untyped-def]

@@ -152,10 +152,9 @@ def main() -> int:
         raytrain_job(os.environ["RINGTRAIN_BENCH_SPEC"], *args.raytrain_job)
         return 0
 
-    from tests.ray_fixtures import ReportReceiver
-
     from service.local_ray import LocalRayHead
     from service.ray_jobs import RayJobLauncher
+    from tests.support.ray_fixtures import ReportReceiver
     from workers.config import JobSpec
 
     try:

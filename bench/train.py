@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import torch
-from tests.dist import run_distributed
 
+from tests.support.dist import run_distributed
 from workers.config import JobSpec
 from workers.training.trainer import run_training
 

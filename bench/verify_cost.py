@@ -16,8 +16,7 @@ import statistics
 import time
 from typing import Any
 
-from tests.dist import run_distributed
-
+from tests.support.dist import run_distributed
 from workers.config import JobSpec
 
 STEPS = 3
