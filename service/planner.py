@@ -155,13 +155,16 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
     d, L = m.d_model, m.n_layers
     qd = m.n_heads * m.head_dim // T
     mlp = 4 * f  # SwiGLU's gate, up, SiLU and product
-    rest = 6 * d + 2 * qd + 2 * kvd + h  # norms, q/k/v/out, lse, residual sums
+    # norms, q/k/v/out, lse, residual sums; under tensor parallelism the residual stream, the norms
+    # and the projections' outputs are a rank's piece of the sequence (1/T), the inputs the attention
+    # and the MLP gather are whole
+    rest = 2 * d + 4 * d // T + 2 * qd + 2 * kvd + h
     tiled = tr.tiled_mlp != "off"
     mode = tr.activation_checkpointing
     terms = {"kept": 0, "working": 0, "working_tile": mlp if tiled else 0, "offloaded": 0}
     block_mlp = 0 if tiled else mlp  # per-token MLP floats of a block's saved set
     if mode == "full":
-        terms["kept"] = L * d
+        terms["kept"] = L * d // T  # one input per block: a rank's piece of the sequence
         # one block recomputed in backward: its MLP set whole, its attention side about half (the backward
         # frees saved tensors as it consumes them; fitted on the measured marginal bytes per token)
         terms["working"] += rest // 2 + block_mlp
@@ -430,7 +433,8 @@ def device_memory(spec: JobSpec, cluster: ClusterInfo) -> tuple[int | None, str]
 
 def _shape_problem(spec: JobSpec, ring: int, ulysses: int, tensor: int = 1) -> str | None:
     """Why this ring x Ulysses x tensor cannot run the spec's lengths and heads (its own rules)."""
-    need = ParallelDims(ring_size=ring, ulysses_size=ulysses).seq_divisor(spec.parallel.layout)
+    dims = ParallelDims(ring_size=ring, ulysses_size=ulysses, tensor_size=tensor)
+    need = dims.seq_divisor(spec.parallel.layout)
     lengths = [spec.data.seq_len, *(spec.eval.context_lengths or [])]
     lengths += [s.seq_len for s in getattr(spec.data, "curriculum", [])]
     if any(length % need for length in lengths):

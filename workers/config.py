@@ -756,14 +756,15 @@ class JobSpec(StrictModel):
         p = self.parallel
         # ring_size auto: checked as ring 1 here (what every ring needs), in full once resolved
         ring = max(p.ring_size, 1)
-        need = seq_multiple(p.layout, ring, p.ulysses_size)
+        need = seq_multiple(p.layout, ring, p.ulysses_size, p.tensor_size)
         if self.data.seq_len % need:
             _fail(
                 "data.seq_len",
                 self.data.seq_len,
                 f"data.seq_len ({self.data.seq_len}) must be divisible by {need} for the {p.layout} layout "
                 f"with parallel.ring_size={ring}"
-                + (f" and parallel.ulysses_size={p.ulysses_size}" if p.ulysses_size > 1 else ""),
+                + (f" and parallel.ulysses_size={p.ulysses_size}" if p.ulysses_size > 1 else "")
+                + (f" and parallel.tensor_size={p.tensor_size}" if p.tensor_size > 1 else ""),
             )
         if self.model.shape_known and (why := tensor_heads_problem(self.model, p.tensor_size)):
             _fail("parallel.tensor_size", p.tensor_size, why)
@@ -836,9 +837,10 @@ class JobSpec(StrictModel):
         return list(self.eval.context_lengths or [self.data.seq_len])
 
 
-def seq_multiple(layout: str, ring_size: int, ulysses_size: int = 1) -> int:
+def seq_multiple(layout: str, ring_size: int, ulysses_size: int = 1, tensor_size: int = 1) -> int:
     """The global sequence length must be a multiple of this (`ParallelDims.seq_divisor`)."""
-    return ParallelDims(ring_size=ring_size, ulysses_size=ulysses_size).seq_divisor(layout)
+    dims = ParallelDims(ring_size=ring_size, ulysses_size=ulysses_size, tensor_size=tensor_size)
+    return dims.seq_divisor(layout)
 
 
 def tensor_heads_problem(model: ModelSection, tensor_size: int) -> str | None:

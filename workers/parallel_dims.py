@@ -18,8 +18,9 @@ so a tensor group (two all-reduces per block: the chattiest) is a block of neigh
 one node, a Ulysses group (the latency-bound all-to-all) is a block of tensor groups, a ring is a
 block of Ulysses groups, and rank ordering keeps each replica on as few nodes as possible.
 `seq_divisor(layout)` is what the global sequence length must be a multiple of: the ring layout
-cuts the sequence into ring_size (contiguous, striped) or 2 x ring_size (zigzag) chunks, and each
-ring shard splits again into ulysses_size equal pieces.
+cuts the sequence into ring_size (contiguous, striped) or 2 x ring_size (zigzag) chunks, each
+ring shard splits again into ulysses_size equal pieces, and a tensor group splits each of those
+into tensor_size pieces of the residual stream (sequence parallelism between its projections).
 
 The rules, each decided here only:
 
@@ -147,7 +148,7 @@ class ParallelDims:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         chunks_per_rank = 2 if layout == "zigzag" else 1
-        return self.ring_size * math.lcm(chunks_per_rank, self.ulysses_size)
+        return self.ring_size * math.lcm(chunks_per_rank, self.ulysses_size * self.tensor_size)
 
     def coordinates(self, rank: int) -> RankCoordinates:
         if not 0 <= rank < self.world_size:

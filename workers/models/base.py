@@ -35,6 +35,11 @@ class RingModel(nn.Module):
         """The LM head [vocab, hidden]: `forward` is `features` @ output_weight^T (chunked loss)."""
         raise NotImplementedError
 
+    def sequence_ends(self) -> tuple[nn.Module, nn.Module]:
+        """The modules where the residual stream begins and ends: the token embedding and the
+        final norm (tensor parallelism splits the stream between them)."""
+        raise NotImplementedError
+
     def features(
         self,
         tokens: torch.Tensor,

@@ -193,6 +193,9 @@ class PretrainedLM(RingModel):
         position_ids = positions if positions.dim() == 2 else positions.unsqueeze(0).expand(b, -1)
         return {"input_ids": tokens, "position_ids": position_ids, "use_cache": False}
 
+    def sequence_ends(self) -> tuple[nn.Module, nn.Module]:
+        return self._decoder.get_submodule("embed_tokens"), self._decoder.get_submodule("norm")
+
     @property
     def output_weight(self) -> torch.Tensor:
         """The LM head [vocab, hidden] (none of the families has a head bias): `forward` = features @ weightᵀ."""

@@ -232,6 +232,9 @@ class Transformer(RingModel):
         for name, p in self.named_parameters():
             p.copy_(self.init_value(name, p.shape, generator))
 
+    def sequence_ends(self) -> tuple[nn.Module, nn.Module]:
+        return self.tok_emb, self.norm
+
     @property
     def output_weight(self) -> torch.Tensor:
         """The output head [vocab, d_model] (the embedding when tied): `forward` = features @ output_weightᵀ."""

@@ -132,7 +132,9 @@ def parallelize(
         raise ValueError("train.offload_activations needs CUDA: this rank has no GPU")
     if offload_activations and mode != "full":
         raise ValueError("train.offload_activations needs train.activation_checkpointing: full")
-    tensor = apply_tensor_parallel(model, mesh.tp_mesh) if mesh.tp_mesh is not None else None
+    tensor = None
+    if mesh.tp_mesh is not None:
+        tensor = apply_tensor_parallel(model, mesh.tp_mesh, tiled_mlp=tiled_mlp != "off")
     if tiled_mlp != "off":
         apply_tiled_mlp(model, tiled_mlp, _hidden_size(model))
     if mode == "selective" and tiled_mlp == "off":

@@ -101,7 +101,7 @@ def verification_tokens(spec: JobSpec) -> int:
     """`spec.verify.tokens`, at most the job's own sequence length (what its RoPE settings were
     validated for), rounded down to what the layout needs (at least one multiple of it)."""
     p = spec.parallel
-    need = seq_multiple(p.layout, p.ring_size, p.ulysses_size)
+    need = seq_multiple(p.layout, p.ring_size, p.ulysses_size, p.tensor_size)
     return max(need, min(spec.verify.tokens, spec.data.seq_len) // need * need)
 
 
