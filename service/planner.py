@@ -126,7 +126,7 @@ LOSS_CHUNK_TOKENS = (
 # before its step beyond its training state: interpreter, torch, gloo, the data source.
 CPU_RUNTIME_BYTES = 330 * 10**6
 # A tensor-parallel rank also holds its tensor group's gloo context and DTensor's dispatch caches, and
-# the row-wise projections' all-reduce outputs are fresh tensors: measured 30-70 MB more than the
+# the gathers and reduce-scatters around each block make fresh tensors: measured 30-70 MB more than the
 # terms below on CPU (tests/integration/test_memory_plan.py, ring 1 and 2 x tensor_size 2).
 CPU_RUNTIME_TP_BYTES = 40 * 10**6
 CPU_RUNTIME_HF_BYTES = (
@@ -150,7 +150,7 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
               plus `working_tile` per tile token (the MLP's part when it is tiled);
     offloaded the part of `kept` held in host memory instead (offload_activations)."""
     m, tr, T = spec.model, spec.train, spec.parallel.tensor_size
-    # a tensor rank holds 1/T of the heads and MLP columns; the residual stream stays whole
+    # a tensor rank holds 1/T of the heads and MLP columns (and 1/T of the residual stream, below)
     kvd, f, h = m.kv_heads * m.head_dim // T, m.ffn_hidden // T, m.n_heads // T
     d, L = m.d_model, m.n_layers
     qd = m.n_heads * m.head_dim // T
@@ -460,7 +460,7 @@ def _shapes(spec: JobSpec, group: int, gpus_per_node: int) -> list[tuple[int, in
 def _tensor_sizes(spec: JobSpec, ranks_per_node: int) -> list[int]:
     """Tensor sizes to try, in order: the spec's, then (when it is 1) each larger power of two a
     node holds and the model splits into. A larger T divides the state and the activations per
-    rank but adds two all-reduces per block, so it comes after every sequence group at the
+    rank but adds collectives to every block, so it comes after every sequence group at the
     spec's T (which splits only the activations)."""
     own = spec.parallel.tensor_size
     if own > 1 or not spec.model.shape_known:

@@ -14,7 +14,7 @@ tensor ranks. Its ranks are contiguous, tensor innermost, then Ulysses:
 
     rank = ((dp_index * ring_size + ring_rank) * ulysses_size + ulysses_rank) * tensor_size + tp_rank
 
-so a tensor group (two all-reduces per block: the chattiest) is a block of neighbouring ranks on
+so a tensor group (four collectives per block: the chattiest) is a block of neighbouring ranks on
 one node, a Ulysses group (the latency-bound all-to-all) is a block of tensor groups, a ring is a
 block of Ulysses groups, and rank ordering keeps each replica on as few nodes as possible.
 `seq_divisor(layout)` is what the global sequence length must be a multiple of: the ring layout
@@ -35,7 +35,7 @@ The rules, each decided here only:
   tensor parallelism, one bundle per *tensor group* (`ParallelDims.placement_bundle`: a rank's
   resources times tensor_size, its T actors started inside it): Ray keeps a bundle on one node,
   but nothing short of STRICT_PACK for the whole job keeps several bundles together, and a tensor
-  group split over two nodes would put two all-reduces per block on the network. Capacity is
+  group split over two nodes would put its per-block collectives on the network. Capacity is
   counted in these units everywhere (admission, planner, driver).
 - Bundles per node (`bundles_per_node`): counted in Ray's resource unit (0.0001), as Ray itself
   counts, so 0.3 free CPUs hold three bundles of 0.1 CPU. Float floor division said two in the

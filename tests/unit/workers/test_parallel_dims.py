@@ -183,8 +183,11 @@ def test_tensor_groups_are_innermost_and_the_mesh_agrees() -> None:
         )
     mesh = Mesh(3, 8, data_parallel=2, ring_size=2, ring_group=None, dp_group=None, tensor_size=2)
     assert (mesh.dp_index, mesh.ring_rank, mesh.tp_rank) == (0, 1, 1)
-    # the sequence divisor ignores the tensor dimension: its ranks hold the same tokens
-    assert dims.seq_divisor("zigzag") == ParallelDims(ring_size=2).seq_divisor("zigzag")
+    # a tensor group splits its ranks' shard again along the sequence (the residual stream between
+    # the projections): ring 2 x tensor 2 needs 2 x lcm(2, 2) for zigzag and 2 x 2 for contiguous
+    assert dims.seq_divisor("zigzag") == 4
+    assert dims.seq_divisor("contiguous") == 4 != ParallelDims(ring_size=2).seq_divisor("contiguous")
+    assert ParallelDims(ring_size=2, ulysses_size=2, tensor_size=2).seq_divisor("zigzag") == 8
 
 
 def test_a_tensor_group_is_one_bundle_and_never_crosses_a_node() -> None:

@@ -270,3 +270,9 @@ def test_tensor_size_rules_name_the_field() -> None:
     assert "per tensor rank" in e.value.errors()[0]["msg"]
     ok = tiny_spec(parallel={"tensor_size": 2, "ulysses_size": 2, "ring_size": 2})
     assert ok.world_size == 8
+    # a tensor group splits its ranks' tokens again (the residual stream between the projections)
+    tiny_spec(data={"seq_len": 193}, parallel={"layout": "contiguous"})
+    with pytest.raises(ValidationError) as e:
+        tiny_spec(data={"seq_len": 193}, parallel={"layout": "contiguous", "tensor_size": 2})
+    assert e.value.errors()[0]["loc"] == ("data", "seq_len")
+    assert "parallel.tensor_size=2" in e.value.errors()[0]["msg"]
