@@ -186,7 +186,9 @@ def test_tensor_groups_are_innermost_and_the_mesh_agrees() -> None:
     # a tensor group splits its ranks' shard again along the sequence (the residual stream between
     # the projections): ring 2 x tensor 2 needs 2 x lcm(2, 2) for zigzag and 2 x 2 for contiguous
     assert dims.seq_divisor("zigzag") == 4
-    assert dims.seq_divisor("contiguous") == 4 != ParallelDims(ring_size=2).seq_divisor("contiguous")
+    assert (
+        dims.seq_divisor("contiguous") == 4 != ParallelDims(ring_size=2).seq_divisor("contiguous")
+    )
     assert ParallelDims(ring_size=2, ulysses_size=2, tensor_size=2).seq_divisor("zigzag") == 8
 
 
