@@ -2,10 +2,12 @@
 round-robin TCP proxy in front of them standing in for the Service (users and drivers go through
 it: `RINGTRAIN_PUBLIC_URL`), and the leader SIGKILLed mid-run.
 
-What must hold: the follower takes over (takeover time printed), the running job finishes with
-every (step, name, rank) point stored exactly once and its driver submitted once, a job submitted
-after the kill is scheduled by the new leader, and an SSE stream on the survivor saw every event,
-whichever replica stored it (cross-replica latency printed). Figures: RELIABILITY.md, "Replicas".
+What must hold: the follower takes over within the lease (plus a few seconds' slack for a loaded
+machine; takeover time printed), the running job finishes with every (step, name, rank) point
+stored exactly once and its driver submitted once, a job submitted after the kill is scheduled by
+the new leader, and an SSE stream on the survivor saw every event, whichever replica stored it,
+each within a second of the other replica's stream (cross-replica latency printed). Figures:
+RELIABILITY.md, "Replicas".
 
     pytest tests/integration/test_replicas.py -q -s
 """
@@ -36,6 +38,17 @@ assert postgres_server  # session fixture, imported to be used here
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.postgres]
 
 LEASE_S = float(os.environ.get("RINGTRAIN_TEST_LEADER_LEASE_S", "4"))  # the figure scales with it
+# The contract (SPEC §6): a follower takes over within one lease of the leader's death. Measured on
+# 2 shared cores: 3.67 s at lease 4 s, 14.19 s at 15 s, i.e. 0.3-0.8 s inside the lease (the last
+# renewal was 0 to lease/3 before the kill). What can push it past the lease is only a loaded
+# machine: the follower's wake-up timer firing late, its acquire transaction, and this test's
+# /healthz poll answered late by a busy replica (up to its 1 s timeout). 3 s covers those on a
+# loaded 2-core CI machine (the poll's timeout, then as much again for the timer and the
+# transaction, and slack), and still fails a follower that waited out a second lease (2 x lease).
+TAKEOVER_SLACK_S = 3.0
+# SPEC §6: every event reaches an SSE subscriber on any replica within a second. Measured max
+# 87 ms and 486 ms (two runs); a lost notice would show as the stream's 5 s store re-read.
+EVENT_LATENCY_MAX_MS = 1000.0
 
 
 class Proxy:
@@ -204,13 +217,18 @@ def test_leader_killed_mid_run_follower_takes_over_nothing_lost_or_doubled(
     with http(proxy.url) as c:
         jid2 = c.post("/v1/jobs", json=spec(3, every=0, name="after-kill")).json()["id"]
         took = None
-        while time.monotonic() - t_kill < 3 * LEASE_S:
+        while time.monotonic() - t_kill < 3 * LEASE_S:  # wait longer than the bound, to report it
             got = role(b.url)
             if got is not None and got["role"] == "leader":
                 took = time.monotonic() - t_kill
                 break
             time.sleep(0.05)
-        assert took is not None, "the follower did not take over"
+        assert took is not None, f"the follower did not take over within {3 * LEASE_S:g}s"
+        print(
+            f"\n[replicas] takeover after SIGKILL of the leader: {took:.2f}s (lease {LEASE_S:g}s)"
+        )
+        bound = LEASE_S + TAKEOVER_SLACK_S
+        assert took <= bound, f"takeover {took:.2f}s > lease {LEASE_S:g}s + {TAKEOVER_SLACK_S:g}s"
 
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
@@ -243,13 +261,11 @@ def test_leader_killed_mid_run_follower_takes_over_nothing_lost_or_doubled(
     both = [abs(at_b[i] - at_a[i]) * 1000 for i in at_a if i in at_b]
     both.sort()
     ingest = {port: proxy.routed.count(port) for port in proxy.backends}
+    print(f"[replicas] points {counts}; connections per replica {ingest}")
+    assert both, "no event reached both replicas' streams before the kill: latency unmeasured"
+    p95 = both[min(len(both) - 1, int(0.95 * len(both)))]
     print(
-        f"\n[replicas] takeover after SIGKILL of the leader: {took:.2f}s (lease {LEASE_S:g}s); "
-        f"points {counts}; connections per replica {ingest}"
+        f"[replicas] events seen on both replicas: {len(both)}; |arrival b - arrival a| "
+        f"median {statistics.median(both):.1f} ms, p95 {p95:.1f} ms, max {both[-1]:.1f} ms"
     )
-    if both:
-        p95 = both[min(len(both) - 1, int(0.95 * len(both)))]
-        print(
-            f"[replicas] events seen on both replicas: {len(both)}; |arrival b - arrival a| "
-            f"median {statistics.median(both):.1f} ms, p95 {p95:.1f} ms, max {both[-1]:.1f} ms"
-        )
+    assert both[-1] < EVENT_LATENCY_MAX_MS, f"cross-replica event latency {both[-1]:.0f} ms"
