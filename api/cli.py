@@ -410,9 +410,17 @@ def follow(c: Client, job_id: str, json_lines: bool = False) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        page = c.list_jobs(state=args.state, limit=args.limit, offset=args.offset)
+        page = c.list_jobs(
+            state=args.state,
+            limit=args.limit,
+            offset=args.offset,
+            verification=args.verification,
+        )
 
         def human() -> None:
+            if not page.jobs and (args.state or args.verification):
+                print("no jobs match (drop --state / --verification to see all of them)")
+                return
             if not page.jobs:
                 print("no jobs (submit one: ringtrain submit examples/passkey.yaml)")
                 return
@@ -713,6 +721,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--state", action="append", help="only this state (repeatable)")
     s.add_argument("--limit", type=int, default=20)
     s.add_argument("--offset", type=int, default=0)
+    s.add_argument(
+        "--verification",
+        choices=["passed", "failed"],
+        help="only jobs whose pre-training verification passed / failed",
+    )
     s.set_defaults(fn=cmd_list)
     for name, fn, helptext in (
         ("status", cmd_status, "show a job"),

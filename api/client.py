@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from httpx_sse import ServerSentEvent, connect_sse
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from api.routers.metrics import MetricCatalog
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+Verified = Literal["passed", "failed"]  # `GET /v1/jobs?verification=`
 
 
 class ApiError(Exception):
@@ -175,10 +176,18 @@ class Client:
         return TypeAdapter(PlanOut).validate_python(self._check(r))
 
     def list_jobs(
-        self, state: str | list[str] | None = None, limit: int = 50, offset: int = 0
+        self,
+        state: str | list[str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+        verification: Verified | None = None,
     ) -> JobList:
+        """Your jobs, newest first; `verification` keeps those whose pre-training check passed or
+        failed (jobs that have not verified, or have it disabled, match neither)."""
         return JobList.model_validate(
-            self._get("/v1/jobs", state=state, limit=limit, offset=offset)
+            self._get(
+                "/v1/jobs", state=state, limit=limit, offset=offset, verification=verification
+            )
         )
 
     def get_job(self, job_id: str) -> JobOut:

@@ -200,6 +200,49 @@ def test_status_list_and_follow_show_metrics_as_the_catalog_says(srv, capsys):
     assert row.split()[3:5] == ["2.1000", "52.34k"]
 
 
+def test_list_filters_by_verification(srv, capsys):
+    """`ringtrain list --verification passed|failed`: only the jobs whose pre-training check had
+    that outcome (a job that has not verified matches neither)."""
+    jobs: dict[str, str] = {}
+    c = srv.client()
+    for name, passed in (("verified", True), ("diverged", False), ("unchecked", None)):
+        code, out, _ = run(capsys, "submit", PASSKEY, "--json")
+        assert code == 0
+        jid = jobs[name] = json.loads(out)["id"]
+        if passed is None:
+            continue
+        wait_for(lambda jid=jid: c.get(f"/v1/jobs/{jid}").json()["state"] == "PLACING")
+        d = Driver(srv, jid)
+        assert d.state("RUNNING", reason="placed").status_code == 200
+        values = {"verify_max_rel_err": 6.1e-7 if passed else 0.47, "verify_tolerance": 1e-4,
+                  "verify_passed": float(passed), "verify_tokens": 128.0}  # fmt: skip
+        points = [d.item("metric", step=0, name=k, value=v) for k, v in values.items()]
+        assert d.post(points).status_code == 200
+        if not passed:
+            error = "rank 0: VerificationFailed: verification failed before step 1: ..."
+            failed = d.state("FAILED", reason=f"training failed: {error}", error=error)
+            assert failed.status_code == 200
+
+    def listed(*argv: str) -> list[str]:
+        code, out, _ = run(capsys, "list", "--json", *argv)
+        assert code == 0
+        return [j["id"] for j in json.loads(out)["jobs"]]
+
+    assert listed("--verification", "passed") == [jobs["verified"]]
+    assert listed("--verification", "failed") == [jobs["diverged"]]
+    assert listed("--verification", "failed", "--state", "FAILED") == [jobs["diverged"]]
+    assert listed("--verification", "passed", "--state", "FAILED") == []
+    assert sorted(listed()) == sorted(jobs.values())
+    code, out, _ = run(capsys, "list", "--verification", "failed")  # the table
+    assert code == 0 and jobs["diverged"] in out
+    assert jobs["verified"] not in out and jobs["unchecked"] not in out
+    code, out, _ = run(capsys, "list", "--verification", "passed", "--state", "FAILED")
+    assert code == 0 and out.startswith("no jobs match")
+    with pytest.raises(SystemExit) as e:  # argparse: only what the API accepts
+        run(capsys, "list", "--verification", "maybe")
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
 def test_format_value_known_answers():
     from api.cli import format_value
     from api.routers.metrics import MetricInfo

@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 
 from api.cli import main
+from api.client import ApiError, Client
 from tests.support.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for
 
 REASON = (
     "verification failed before step 1: largest difference from the one-rank reference in "
     "gradient of layers.0.attn.wq.weight: 0.473 relative (tolerance 0.0001 for float32, 128 tokens)"
 )
+# what the driver reports when a rank raises VerificationFailed(REASON) (TrainingError, driver.py)
+ERROR = f"rank 0: VerificationFailed: {REASON}"
 
 
 @pytest.fixture
@@ -63,8 +66,7 @@ def test_verification_is_derived_filtered_and_printed(
     assert d_ok.metrics(range(1, 3)).status_code == 200
     bad, d_bad = _start(srv, c, name="diverged")
     assert d_bad.post(_points(d_bad, 0.473, False)).status_code == 200
-    why = "training failed: rank 0: VerificationFailed"
-    failed = d_bad.state("FAILED", reason=why, error=REASON)
+    failed = d_bad.state("FAILED", reason=f"training failed: {ERROR}", error=ERROR)
     assert failed.status_code == 200
     off, d_off = _start(srv, c, name="unchecked", verify={"enabled": False})
     assert d_off.metrics(range(1, 3)).status_code == 200
@@ -81,7 +83,7 @@ def test_verification_is_derived_filtered_and_printed(
     failed_check = got[bad]["verification"]
     assert failed_check["passed"] is False and failed_check["max_rel_err"] == 0.473
     # the job's error says what diverged, and by how much
-    assert got[bad]["state"] == "FAILED" and got[bad]["error"] == REASON
+    assert got[bad]["state"] == "FAILED" and got[bad]["error"] == ERROR
     assert got[off]["verification"] is None and got[off]["spec"]["verify"] == {
         "enabled": False,
         "tokens": 256,
@@ -97,6 +99,21 @@ def test_verification_is_derived_filtered_and_printed(
     assert listed(verification="failed", state="RUNNING") == []
     assert sorted(listed()) == sorted([ok, bad, off])
     assert c.get("/v1/jobs", params={"verification": "maybe"}).status_code == 422
+
+    with Client(srv.url, ALICE) as client:  # the Python client passes the filter through
+
+        def ids(page: Any) -> list[str]:
+            return [j.id for j in page.jobs]
+
+        assert ids(client.list_jobs(verification="passed")) == [ok]
+        assert ids(client.list_jobs(verification="failed")) == [bad]
+        assert client.list_jobs(verification="failed").total == 1
+        assert ids(client.list_jobs(verification="passed", state="RUNNING")) == [ok]
+        assert ids(client.list_jobs(verification="passed", state="FAILED")) == []
+        assert sorted(ids(client.list_jobs())) == sorted([ok, bad, off])
+        with pytest.raises(ApiError) as e:
+            client.list_jobs(verification="maybe")  # type: ignore[arg-type]
+        assert e.value.status == 422
 
     for jid, line in (
         (ok, "verified  passed: max rel err 6.10e-07 <= 1e-04 (128 tokens, 0.25 s)"),
