@@ -4,8 +4,8 @@ Nothing is reserved. The preview applies the driver's own rules (`workers.parall
 accelerator `auto` resolves to, one bundle per rank and how many fit each node, STRICT_PACK when one
 node's total resources hold the whole job (previewed on the one of those with the most free room),
 else PACK (the nodes with the most room first); where the bundles land, ranks are ordered by
-`order_ranks`, as the driver orders them, and the hops that cross a node boundary are counted per
-sequence group.
+`order_ranks`, as the driver orders them, and the hops that cross a node boundary are counted along
+each ring (`ParallelDims.node_crossings`, as the driver counts them).
 
 Memory per rank (bytes): what a rank reports as `mem_peak_bytes`. The training state is sharded by FSDP
 over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are gathered whole only
@@ -64,7 +64,6 @@ from workers.parallel_dims import (
     WorkerLocation,
     bundles_per_node,
     choose_strategy,
-    node_crossings,
     rank_bundle,
     resolve_accelerator,
 )
@@ -344,7 +343,7 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
     for a in assignments:
         slot = RankSlot(rank=a.rank, ring=a.replica, node_id=a.node_id, device=a.device)
         out.placement.append(slot)
-    out.node_crossings = node_crossings(assignments, dims.seq_group_size)
+    out.node_crossings = dims.node_crossings(assignments)
     if acc == "gpu" and (split := suggest_split(spec, nodes)) is not None:
         out.suggested_parallel = split
         if split != {"ulysses_size": ulysses, "ring_size": spec.parallel.ring_size}:

@@ -42,10 +42,14 @@ The rules, each decided here only:
   planner and in admission while the driver's placement check said three.
 - Strategy (`choose_strategy`): STRICT_PACK when one node's *total* resources hold the whole job,
   else PACK. The planner previews what the driver will ask Ray for.
-- Rank order (`order_ranks`) and crossings (`ring_crossings`): the planner's preview and the driver
-  call the same functions. A tensor group never spans nodes: its all-reduces sit on the critical
-  path of every block, so ranks are handed out in whole tensor groups per node, and a placement
-  that leaves a node a part of one is refused (`TensorGroupSplit`).
+- Rank order (`order_ranks`) and crossings (`ParallelDims.ring_crossings`): the planner's preview
+  and the driver call the same functions. A tensor group never spans nodes: its all-reduces sit on
+  the critical path of every block, so ranks are handed out in whole tensor groups per node, and a
+  placement that leaves a node a part of one is refused (`TensorGroupSplit`). Crossings are counted
+  along the actual rings (`ParallelDims.rings`: the ranks that share dp_index, ulysses_rank and
+  tp_rank, ulysses_size x tensor_size apart), not along consecutive ranks: with Ulysses or tensor
+  parallelism consecutive ranks are Ulysses or tensor peers, so a ring whose every hop crosses
+  nodes can sit in a replica whose consecutive ranks share a node.
 """
 
 from __future__ import annotations
@@ -164,8 +168,33 @@ class ParallelDims:
     def order_ranks(self, locations: Sequence[WorkerLocation]) -> list[RankAssignment]:
         return order_ranks(locations, self.replica_size, self.data_parallel, self.tensor_size)
 
+    def rings(self, assignments: Sequence[RankAssignment]) -> list[list[RankAssignment]]:
+        """Each ring's ranks in ring order (ring_rank 0, 1, ...): the ranks sharing dp_index,
+        ulysses_rank and tp_rank. Rings are listed by (dp_index, ulysses_rank, tp_rank)."""
+        if len(assignments) != self.world_size:
+            raise ValueError(f"expected {self.world_size} assignments, got {len(assignments)}")
+        rings: dict[tuple[int, int, int], list[RankAssignment]] = {}
+        for assignment in sorted(assignments, key=lambda a: a.rank):
+            at = self.coordinates(assignment.rank)
+            rings.setdefault((at.dp_index, at.ulysses_rank, at.tp_rank), []).append(assignment)
+        return list(rings.values())
+
     def ring_crossings(self, assignments: Sequence[RankAssignment]) -> list[int]:
-        return ring_crossings(assignments, self.replica_size)
+        """Per ring (as `rings` lists them): how many of its hops (cyclic, ring_rank r -> r+1)
+        join ranks on different nodes. A ring of one rank has none; a ring of two counts both of
+        its hops (r 0 -> 1 and 1 -> 0), as a longer ring counts its closing hop."""
+        return [
+            sum(ring[i].node_id != ring[(i + 1) % len(ring)].node_id for i in range(len(ring)))
+            for ring in self.rings(assignments)
+        ]
+
+    def node_crossings(self, assignments: Sequence[RankAssignment]) -> int:
+        """Ring hops that cross a node boundary, over all rings."""
+        return sum(self.ring_crossings(assignments))
+
+    def nodes_per_ring(self, assignments: Sequence[RankAssignment]) -> list[int]:
+        """Per ring (as `rings` lists them): how many nodes it spans."""
+        return [len({a.node_id for a in ring}) for ring in self.rings(assignments)]
 
 
 # --- accelerator and bundles ------------------------------------------------------------------
@@ -235,8 +264,8 @@ class RankAssignment:
     actor_index: int  # index of the actor / bundle this rank runs on
     node_id: str
     node_ip: str
-    replica: int  # data-parallel replica (dp_index): which sequence group the rank belongs to
-    group_rank: int  # position inside its sequence group
+    replica: int  # data-parallel replica (dp_index) the rank belongs to
+    group_rank: int  # position inside its replica (rank - replica x replica_size)
     local_rank: int  # index among this job's actors on the same node (GPU id order)
     local_world_size: int
     visible_devices: tuple[str, ...]  # sorted union of the node's GPU ids (empty on CPU)
@@ -255,14 +284,14 @@ def _first_gpu(location: WorkerLocation) -> tuple[int, int | str]:
 def _fill_groups(
     node_order: list[str],
     remaining: dict[str, list[tuple[int, ...]]],
-    seq_group_size: int,
+    units_per_replica: int,
     data_parallel: int,
 ) -> list[list[tuple[str, list[tuple[int, ...]]]]]:
-    """Each group as (node, units) segments, on as few nodes as possible (best fit). A unit is
+    """Each replica as (node, units) segments, on as few nodes as possible (best fit). A unit is
     one tensor group's actors (one actor without tensor parallelism)."""
     groups: list[list[tuple[str, list[tuple[int, ...]]]]] = []
     for _ in range(data_parallel):
-        need, segments = seq_group_size, []
+        need, segments = units_per_replica, []
         while need:
             avail = [n for n in node_order if remaining[n]]
             exact = [n for n in avail if len(remaining[n]) == need]
@@ -283,7 +312,7 @@ def _fill_groups(
 
 def order_ranks(
     locations: Sequence[WorkerLocation],
-    seq_group_size: int,
+    replica_size: int,
     data_parallel: int = 1,
     tensor_size: int = 1,
 ) -> list[RankAssignment]:
@@ -291,21 +320,21 @@ def order_ranks(
 
     Ray does not keep one node's bundles contiguous, so ranks are assigned from where the actors
     landed: actors grouped by node (nodes in order of first appearance), GPU id ascending inside a
-    node; each sequence group (rank = replica x seq_group_size + group_rank) is filled with as
-    few nodes as possible (whole nodes first, then the node whose remaining actors fit the gap
-    exactly, else the smallest node that covers it), and its node segments are contiguous, so a
-    group spanning k >= 2 nodes crosses a node boundary exactly k times. On each node the visible
-    devices are the sorted union of that node's GPU ids of this job and an actor's device is the
-    index of its GPU in that list (the usual local-rank convention, so NCCL sees its peers).
+    node; each replica (rank = replica x replica_size + group_rank) is filled with as few nodes
+    as possible (whole nodes first, then the node whose remaining actors fit the gap exactly, else
+    the smallest node that covers it), and its node segments are contiguous (how often its rings
+    then cross nodes: `ParallelDims.ring_crossings`). On each node the visible devices are the
+    sorted union of that node's GPU ids of this job and an actor's device is the index of its GPU
+    in that list (the usual local-rank convention, so NCCL sees its peers).
 
-    `seq_group_size` is the ranks of one replica (ring x Ulysses x tensor). With `tensor_size` T >
+    `replica_size` is the ranks of one replica (ring x Ulysses x tensor). With `tensor_size` T >
     1 actors are handed out in whole tensor groups (T neighbours in GPU order on one node); a node
     holding a number of this job's actors that is not a multiple of T raises `TensorGroupSplit`.
     """
-    world = seq_group_size * data_parallel
+    world = replica_size * data_parallel
     if len(locations) != world:
         raise ValueError(
-            f"expected {world} actors (sequence group {seq_group_size} x data_parallel "
+            f"expected {world} actors (replica {replica_size} x data_parallel "
             f"{data_parallel}), got {len(locations)}"
         )
     nodes: dict[str, list[int]] = {}
@@ -314,8 +343,8 @@ def order_ranks(
     for idxs in nodes.values():
         idxs.sort(key=lambda i: (_first_gpu(locations[i]), i))
     node_order = list(nodes)
-    if seq_group_size % tensor_size:
-        raise ValueError(f"a replica of {seq_group_size} ranks holds no whole tensor groups")
+    if replica_size % tensor_size:
+        raise ValueError(f"a replica of {replica_size} ranks holds no whole tensor groups")
     for n, idxs in nodes.items():
         if len(idxs) % tensor_size:
             raise TensorGroupSplit(
@@ -326,15 +355,15 @@ def order_ranks(
         n: [tuple(idxs[k : k + tensor_size]) for k in range(0, len(idxs), tensor_size)]
         for n, idxs in nodes.items()
     }
-    unit_groups = _fill_groups(node_order, remaining, seq_group_size // tensor_size, data_parallel)
+    unit_groups = _fill_groups(node_order, remaining, replica_size // tensor_size, data_parallel)
     groups = [
         [(n, [i for unit in units for i in unit]) for n, units in segments]
         for segments in unit_groups
     ]
 
     # Keep a node shared by consecutive groups adjacent in global rank order: its segment goes last
-    # in the earlier group and first in the later one (a ring is a cycle: segment order does not
-    # change its crossings).
+    # in the earlier group and first in the later one (a replica that is one ring is a cycle:
+    # segment order does not change its crossings).
     for d, segments in enumerate(groups):
         prev_nodes = {n for n, _ in groups[d - 1]} if d else set()
         next_nodes = {n for n, _ in groups[d + 1]} if d + 1 < len(groups) else set()
@@ -357,7 +386,7 @@ def order_ranks(
                 device = f"cuda:{visible[n].index(loc.gpu_ids[0])}" if loc.gpu_ids else "cpu"
                 out.append(
                     RankAssignment(
-                        rank=replica * seq_group_size + group_rank,
+                        rank=replica * replica_size + group_rank,
                         actor_index=i,
                         node_id=n,
                         node_ip=loc.node_ip,
@@ -371,32 +400,3 @@ def order_ranks(
                 )
                 group_rank += 1
     return out
-
-
-def _groups(
-    assignments: Sequence[RankAssignment],
-    seq_group_size: int,
-) -> list[list[RankAssignment]]:
-    by_rank = sorted(assignments, key=lambda a: a.rank)
-    starts = range(0, len(by_rank), seq_group_size)
-    return [by_rank[start : start + seq_group_size] for start in starts]
-
-
-def ring_crossings(assignments: Sequence[RankAssignment], seq_group_size: int) -> list[int]:
-    """Per sequence group: how many neighbouring pairs (cyclic, r -> r+1) sit on different nodes."""
-    if seq_group_size == 1:
-        return [0] * len(assignments)
-    return [
-        sum(group[i].node_id != group[(i + 1) % len(group)].node_id for i in range(len(group)))
-        for group in _groups(assignments, seq_group_size)
-    ]
-
-
-def node_crossings(assignments: Sequence[RankAssignment], seq_group_size: int) -> int:
-    """Total neighbour hops that cross a node boundary, over all sequence groups."""
-    return sum(ring_crossings(assignments, seq_group_size))
-
-
-def nodes_per_group(assignments: Sequence[RankAssignment], seq_group_size: int) -> list[int]:
-    """Per sequence group: how many nodes it spans."""
-    return [len({a.node_id for a in group}) for group in _groups(assignments, seq_group_size)]

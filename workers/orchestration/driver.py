@@ -30,7 +30,6 @@ import ray
 
 from workers.orchestration.actor import RankResult
 from workers.orchestration.forwarding import MetricForwarder
-from workers.orchestration.placement import node_crossings, nodes_per_group
 from workers.orchestration.recovery import Delivered, ResumePlan, plan_resume
 from workers.orchestration.reporter import Reporter
 from workers.orchestration.reservation import (
@@ -191,15 +190,15 @@ class JobDriver:
         return 1
 
     def _report_running(self, g: RankGroup) -> None:
-        seq_group_size = ParallelDims.of(self.spec.parallel).seq_group_size
+        dims = ParallelDims.of(self.spec.parallel)
         meta: Metadata = {
             "attention_backend": g.attention_backend,
             "dist_backend": g.backend,
             "accelerator": "gpu" if self.gpu else "cpu",
             "placement_strategy": g.strategy,
             "nodes": len({a.node_id for a in g.assignments}),
-            "ring_node_crossings": node_crossings(g.assignments, seq_group_size),
-            "max_nodes_per_ring": max(nodes_per_group(g.assignments, seq_group_size)),
+            "ring_node_crossings": dims.node_crossings(g.assignments),
+            "max_nodes_per_ring": max(dims.nodes_per_ring(g.assignments)),
             "restarts": self.restarts,
             "driver_attempt": self.env.attempt,
         }

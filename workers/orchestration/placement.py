@@ -2,8 +2,9 @@
 
 The rules themselves (one bundle per rank, bundles per node, STRICT_PACK or PACK, rank order, ring
 crossings) live in `workers.parallel_dims`, which the control plane's planner and admission share;
-they are re-exported here for the driver. What is only the driver's: the bundle list Ray is given,
-the sentence it reports while the group cannot be placed, and the process-group backend.
+they are re-exported here for the driver (crossings are `ParallelDims` methods: they follow the
+shape's rings). What is only the driver's: the bundle list Ray is given, the sentence it reports
+while the group cannot be placed, and the process-group backend.
 """
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ from workers.parallel_dims import (
     WorkerLocation,
     bundles_per_node,
     choose_strategy,
-    node_crossings,
-    nodes_per_group,
     order_ranks,
     rank_bundle,
-    ring_crossings,
 )
 
 __all__ = [
@@ -33,10 +31,7 @@ __all__ = [
     "choose_strategy",
     "dist_backend",
     "make_bundles",
-    "node_crossings",
-    "nodes_per_group",
     "order_ranks",
-    "ring_crossings",
 ]
 
 

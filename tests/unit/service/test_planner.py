@@ -65,7 +65,9 @@ def test_usp_placement_keeps_a_replica_together() -> None:
     assert [s.node_id for s in out.placement] == ["n0"] * 4 + [
         "n1"
     ] * 4  # each Ulysses group on one node
-    assert out.node_crossings == 2  # the ring of 8 leaves n0 once and comes back once
+    # four rings of 2 (ranks u and u + 4), each n0 -> n1 and back: the all-to-all stays on a node,
+    # every ring hop crosses (counting consecutive ranks said 2)
+    assert out.node_crossings == 8
 
 
 def test_tensor_groups_land_on_one_node_and_need_whole_pairs() -> None:

@@ -4,6 +4,7 @@ reservation, the trainer's mesh) gives the same answer where the copies disagree
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,7 +25,6 @@ from workers.parallel_dims import (
     WorkerLocation,
     bundles_per_node,
     choose_strategy,
-    node_crossings,
     order_ranks,
     rank_bundle,
     resolve_accelerator,
@@ -147,10 +147,10 @@ def test_the_preview_orders_ranks_as_the_driver_does() -> None:
     assert [s.ring for s in preview.placement] == [0] * 4 + [1] * 4
     assert preview.node_crossings == 4
     landing = [WorkerLocation(name, "", (str(k),)) for name in gpus for k in range(gpus[name])]
-    driver = order_ranks(landing, seq_group_size=4, data_parallel=2)
+    driver = order_ranks(landing, replica_size=4, data_parallel=2)
     previewed = [(slot.node_id, slot.device) for slot in preview.placement]
     assert [(a.node_id, a.device) for a in driver] == previewed
-    assert node_crossings(driver, 4) == preview.node_crossings
+    assert ParallelDims.of(spec.parallel).node_crossings(driver) == preview.node_crossings
 
 
 def test_the_preview_asks_for_the_strategy_the_driver_asks_for() -> None:
@@ -220,3 +220,82 @@ def test_a_tensor_group_is_one_bundle_and_never_crosses_a_node() -> None:
         assert int(b.device.removeprefix("cuda:")) == int(a.device.removeprefix("cuda:")) + 1
     with pytest.raises(TensorGroupSplit, match=r"node a holds 1 of this job.s ranks"):
         order_ranks(locations[:3] + [WorkerLocation("c", "c", ("0",))] * 3, 6, 1, 2)
+
+
+def _two_per_node(nodes: int) -> list[WorkerLocation]:
+    """Two GPUs on each of `nodes` nodes, as the actors report them."""
+    return [WorkerLocation(f"n{i}", f"n{i}", (str(k),)) for i in range(nodes) for k in range(2)]
+
+
+@pytest.mark.parametrize(
+    ("shape", "rings", "crossings"),
+    [
+        # ring 2 x tensor 2, one tensor group per node: the rings 0<->2 and 1<->3 cross on every
+        # hop, though the consecutive ranks 0, 1 and 2, 3 share a node
+        ({"ring_size": 2, "tensor_size": 2}, [[0, 2], [1, 3]], [2, 2]),
+        # ring 2 x ulysses 2, one Ulysses group per node: the same, stride 2 by Ulysses
+        ({"ring_size": 2, "ulysses_size": 2}, [[0, 2], [1, 3]], [2, 2]),
+        # ring 2 x ulysses 2 x tensor 2 on four nodes: stride U x T = 4, every ring crosses twice
+        (
+            {"ring_size": 2, "ulysses_size": 2, "tensor_size": 2},
+            [[0, 4], [1, 5], [2, 6], [3, 7]],
+            [2, 2, 2, 2],
+        ),
+        # ulysses 2 x tensor 2 on two nodes, no ring: rings of one rank never cross
+        ({"ulysses_size": 2, "tensor_size": 2}, [[0], [1], [2], [3]], [0, 0, 0, 0]),
+    ],
+)
+def test_crossings_follow_the_rings_not_consecutive_ranks(
+    shape: dict[str, int], rings: list[list[int]], crossings: list[int]
+) -> None:
+    dims = ParallelDims(**shape)
+    ranks = dims.order_ranks(_two_per_node(dims.world_size // 2))
+    assert dims.ring_crossings(ranks) == crossings  # not along the replica's consecutive ranks
+    assert [[a.rank for a in ring] for ring in dims.rings(ranks)] == rings
+    for ring in dims.rings(ranks):
+        assert [dims.coordinates(a.rank).ring_rank for a in ring] == list(range(dims.ring_size))
+    assert dims.node_crossings(ranks) == sum(crossings)
+    assert dims.nodes_per_ring(ranks) == [min(2, len(ring)) for ring in rings]
+
+
+_RING_2_TENSOR_2 = {
+    "name": "tp-ring",
+    "data": {"kind": "passkey", "seq_len": 96},
+    "parallel": {"ring_size": 2, "tensor_size": 2},
+    "resources": {"accelerator": "gpu"},
+}
+
+
+def test_the_preview_counts_ring_crossings_under_tensor_parallelism() -> None:
+    """Ring 2 x tensor 2 on two 2-GPU nodes: the preview counts the 4 hops of the two rings (it
+    used to group consecutive ranks by the sequence group, 2, and say 0)."""
+    spec = JobSpec.model_validate(_RING_2_TENSOR_2)
+    nodes = [NodeInfo(f"n{i}", "", True, 32, 32, 2, 2) for i in range(2)]
+    preview = plan(spec, ClusterInfo(nodes=nodes))
+    assert preview.fits and preview.nodes_used == 2
+    assert [s.node_id for s in preview.placement] == ["n0", "n0", "n1", "n1"]
+    assert preview.node_crossings == 4
+
+
+def test_the_driver_reports_ring_crossings_under_tensor_parallelism() -> None:
+    """The same shape and landing: the driver's RUNNING report counts what the preview counts."""
+    from workers.orchestration.driver import JobDriver
+    from workers.orchestration.reservation import RankGroup
+
+    spec = JobSpec.model_validate(_RING_2_TENSOR_2)
+    locations = _two_per_node(2)
+    assignments = ParallelDims.of(spec.parallel).order_ranks(locations)
+    group = RankGroup(pg=None, actors=[], locations=locations, assignments=assignments)
+    group.pids = [100 + a.actor_index for a in assignments]
+    reports: list[dict[str, Any]] = []
+    driver = SimpleNamespace(
+        spec=spec,
+        gpu=True,
+        restarts=0,
+        env=SimpleNamespace(attempt=0),
+        reporter=SimpleNamespace(state=lambda state, reason, **kw: reports.append(kw)),
+    )
+    JobDriver._report_running(driver, group)  # type: ignore[arg-type]
+    (running,) = reports
+    assert running["metadata"]["ring_node_crossings"] == 4
+    assert running["metadata"]["max_nodes_per_ring"] == 2

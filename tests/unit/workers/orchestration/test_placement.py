@@ -21,11 +21,9 @@ from workers.orchestration.placement import (
     choose_strategy,
     dist_backend,
     make_bundles,
-    node_crossings,
-    nodes_per_group,
     order_ranks,
-    ring_crossings,
 )
+from workers.parallel_dims import ParallelDims
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -76,14 +74,14 @@ def test_interleaved_bundles_are_grouped_by_node_gpu_ascending() -> None:
             ("nB", [2]),
         ]
     )
-    out = order_ranks(locs, seq_group_size=8)
+    out = order_ranks(locs, replica_size=8)
     assert [a.rank for a in out] == list(range(8))
     assert [(a.node_id, a.device) for a in out] == [("nA", f"cuda:{i}") for i in range(4)] + [
         ("nB", f"cuda:{i}") for i in range(4)
     ]
     assert all(a.visible_devices == ("0", "1", "2", "3") for a in out)
     assert [a.local_rank for a in out] == [0, 1, 2, 3, 0, 1, 2, 3]
-    assert ring_crossings(out, 8) == [2]  # nA → nB and back around the ring
+    assert ParallelDims(ring_size=8).ring_crossings(out) == [2]  # nA → nB and back round the ring
     # Each actor keeps its own GPU: device index into the visible list is its GPU id.
     for a in out:
         assert a.visible_devices[int(a.device.split(":")[1])] == locs[a.actor_index].gpu_ids[0]
@@ -104,9 +102,10 @@ def test_data_parallel_rings_use_fewest_nodes() -> None:
             ("n2", [3]),
         ]
     )
-    out = order_ranks(locs, seq_group_size=4, data_parallel=2)
-    assert nodes_per_group(out, 4) == [1, 2]
-    assert ring_crossings(out, 4) == [0, 2]
+    out = order_ranks(locs, replica_size=4, data_parallel=2)
+    two_rings = ParallelDims(data_parallel=2, ring_size=4)
+    assert two_rings.nodes_per_ring(out) == [1, 2]
+    assert two_rings.ring_crossings(out) == [0, 2]
     assert {a.node_id for a in out if a.replica == 0} == {"n2"}
     assert [a.rank for a in out if a.replica == 1] == [4, 5, 6, 7]
     assert _contiguous_per_node(out)
@@ -129,9 +128,10 @@ def test_split_node_stays_contiguous_across_rings() -> None:
             ("c", [1]),
         ]
     )
-    out = order_ranks(locs, seq_group_size=4, data_parallel=2)
-    assert nodes_per_group(out, 4) == [2, 2]
-    assert node_crossings(out, 4) == 4
+    out = order_ranks(locs, replica_size=4, data_parallel=2)
+    two_rings = ParallelDims(data_parallel=2, ring_size=4)
+    assert two_rings.nodes_per_ring(out) == [2, 2]
+    assert two_rings.node_crossings(out) == 4
     assert _contiguous_per_node(out)
 
 
@@ -149,22 +149,22 @@ def test_best_fit_avoids_three_node_ring() -> None:
             ("d", [0]),
         ]
     )
-    out = order_ranks(locs, seq_group_size=4, data_parallel=2)
-    assert nodes_per_group(out, 4) == [2, 2]
+    out = order_ranks(locs, replica_size=4, data_parallel=2)
+    assert ParallelDims(data_parallel=2, ring_size=4).nodes_per_ring(out) == [2, 2]
 
 
 def test_cpu_only_and_single_node() -> None:
     locs = _locs([("n", []), ("n", []), ("n", [])])
-    out = order_ranks(locs, seq_group_size=3)
+    out = order_ranks(locs, replica_size=3)
     assert [a.device for a in out] == ["cpu"] * 3
     assert [a.actor_index for a in out] == [0, 1, 2]
-    assert ring_crossings(out, 3) == [0]
+    assert ParallelDims(ring_size=3).ring_crossings(out) == [0]
     assert dist_backend(locs) == "gloo"
     assert (
         dist_backend(locs[:1] + _locs([("n", [0])])) == "gloo"
     )  # nccl only if every rank has a GPU
     with pytest.raises(ValueError, match="expected 4 actors"):
-        order_ranks(locs, seq_group_size=4)
+        order_ranks(locs, replica_size=4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ from ray.cluster_utils import Cluster
 import ray
 from workers.config import JobSpec
 from workers.orchestration.reservation import reserve
-from workers.orchestration.placement import node_crossings, nodes_per_group, ring_crossings
+from workers.parallel_dims import ParallelDims
 
 def node_args(cpus, head=False):
     gcs, agent, metrics, rt_env, client = free_ports(5)
@@ -207,8 +207,8 @@ try:
             "strategy": g.strategy, "reason": reasons[0],
             "placement": [p.model_dump() for p in g.placement()],
             "actor_node": [actor_nodes[a.actor_index].node_id for a in g.assignments],
-            "crossings": ring_crossings(g.assignments, ring),
-            "nodes_per_group": nodes_per_group(g.assignments, ring),
+            "crossings": ParallelDims.of(spec.parallel).ring_crossings(g.assignments),
+            "nodes_per_group": ParallelDims.of(spec.parallel).nodes_per_ring(g.assignments),
         }
         g.teardown()
     print("RESULT " + json.dumps(out))
