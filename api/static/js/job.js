@@ -103,8 +103,8 @@ export function mountJob(root, jobId) {
             `#${job.queue_position} (priority ${job.priority ?? 0}): ${job.queue_reason || "waiting"}`)] : null,
           h("dt", {}, "Verified"), h("dd#job-verification", {}, verificationBadge(job)),
           h("dt", {}, "Restarts"), h("dd", {}, `${job.restarts} of ${job.spec?.max_restarts ?? "?"}`),
-          h("dt", {}, "Ring"), h("dd", {}, `${job.spec?.parallel?.ring_size ?? "?"} × ${job.spec?.parallel?.data_parallel ?? 1}` +
-            ` (${job.spec?.parallel?.layout ?? ""}), seq_len ${job.spec?.data?.seq_len ?? "?"}`),
+          h("dt", {}, "Parallel"), h("dd#job-shape", {}, shapeText(job.spec)),
+          h("dt", {}, "Memory"), h("dd#job-memory", {}, knobsText(job.spec?.train)),
           Object.keys(meta).length ? [h("dt", {}, "Runtime"), h("dd.mono", {},
             Object.entries(meta).map(([k, v]) => `${k}=${v}`).join("  "))] : null)),
       h("div", {}, cancel)));
@@ -112,6 +112,19 @@ export function mountJob(root, jobId) {
       errorBox.hidden = false;
       errorBox.replaceChildren(h("h2", {}, "Error"), h("pre", {}, job.error));
     } else errorBox.hidden = true;
+  }
+
+  // The stored shape (a `ring_size: auto` job shows what submission resolved it to).
+  function shapeText(spec) {
+    const p = spec?.parallel || {};
+    return `dp ${p.data_parallel ?? 1} × ring ${p.ring_size ?? "?"} × ulysses ${p.ulysses_size ?? 1}` +
+      ` × tensor ${p.tensor_size ?? 1} (${p.layout ?? ""}), seq_len ${spec?.data?.seq_len ?? "?"}`;
+  }
+
+  function knobsText(train) {
+    const t = train || {};
+    return `checkpointing ${t.activation_checkpointing ?? "?"}, tiled MLP ${t.tiled_mlp ?? "off"}` +
+      (t.offload_activations ? ", offloaded activations" : "");
   }
 
   // The pre-training check of the job's math (derived by the server from the verify_* points).
