@@ -1,19 +1,33 @@
-// The jobs list: live (polls the API every 2 s), filterable by state. The metric columns (latest
-// loss, tokens/s, ...) are the catalog's entries marked `column` (metrics.js).
+// The jobs list: live (polls the API every 2 s), filterable by state and by the outcome of the
+// pre-training verification (`?verification=passed|failed`; jobs that have not verified, or have it
+// disabled, match neither). The metric columns (latest loss, tokens/s, ...) are the catalog's
+// entries marked `column` (metrics.js).
 import { api } from "./api.js";
 import { Catalog, loadCatalog } from "./metrics.js";
 import { age, h, progress, STATES, stateBadge } from "./util.js";
 
 const POLL_MS = 2000;
+const VERIFICATIONS = ["passed", "failed"]; // what GET /v1/jobs?verification= accepts
 
 export function mountJobs(root, query) {
   const state = query.get("state") || "";
+  const asked = query.get("verification") || "";
+  const verification = VERIFICATIONS.includes(asked) ? asked : "";
   const select = h("select#state-filter", { "aria-describedby": "jobs-count" },
     h("option", { value: "" }, "All states"),
     STATES.map((s) => h("option", { value: s, selected: s === state }, s)));
-  select.addEventListener("change", () => {
-    location.hash = select.value ? `#/jobs?state=${select.value}` : "#/jobs";
-  });
+  const verifySelect = h("select#verification-filter", { "aria-describedby": "jobs-count" },
+    h("option", { value: "" }, "Any"),
+    VERIFICATIONS.map((v) => h("option", { value: v, selected: v === verification }, v)));
+  function navigate() {
+    const qs = new URLSearchParams();
+    if (select.value) qs.set("state", select.value);
+    if (verifySelect.value) qs.set("verification", verifySelect.value);
+    const search = qs.toString();
+    location.hash = search ? `#/jobs?${search}` : "#/jobs";
+  }
+  select.addEventListener("change", navigate);
+  verifySelect.addEventListener("change", navigate);
   const count = h("span#jobs-count.muted", { "aria-live": "polite" });
   const tbody = h("tbody");
   const thead = h("thead");
@@ -35,6 +49,7 @@ export function mountJobs(root, query) {
         h("h1#jobs-h", {}, "Jobs"),
         h("span.spacer"),
         h("label", { for: "state-filter" }, "State"), select,
+        h("label", { for: "verification-filter" }, "Verification"), verifySelect,
         count,
         h("a.button", { href: "#/submit" }, "New job")),
       err, table));
@@ -55,6 +70,7 @@ export function mountJobs(root, query) {
     }
     const qs = new URLSearchParams({ limit: "100" });
     if (state) qs.append("state", state);
+    if (verification) qs.append("verification", verification);
     try {
       const res = await api(`/v1/jobs?${qs}`, { signal: ctrl.signal });
       err.hidden = true;
@@ -69,10 +85,15 @@ export function mountJobs(root, query) {
   }
 
   function render(res) {
-    count.textContent = `${res.total} job${res.total === 1 ? "" : "s"}${state ? ` ${state}` : ""}`;
+    const verified = verification ? ` verification ${verification}` : "";
+    count.textContent = `${res.total} job${res.total === 1 ? "" : "s"}${state ? ` ${state}` : ""}` +
+      (state && verified ? "," : "") + verified;
     if (!res.jobs.length) {
+      const filtered = state || verification;
+      const none = `No ${state ? `${state} ` : ""}jobs${verified ? ` with${verified}` : ""}.`;
       tbody.replaceChildren(h("tr", {}, h("td.muted", { colspan: 5 + columns.length },
-        state ? `No ${state} jobs.` : "No jobs yet. ", state ? null : h("a", { href: "#/submit" }, "Submit one."))));
+        filtered ? none : "No jobs yet. ",
+        filtered ? null : h("a", { href: "#/submit" }, "Submit one."))));
       return;
     }
     tbody.replaceChildren(...res.jobs.map((j) => {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from api.cli import main
-from tests.support.api_harness import ALICE, Driver, running, wait_for
+from tests.support.api_harness import ALICE, Driver, Server, running, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 PASSKEY = str(ROOT / "examples" / "passkey.yaml")
@@ -200,7 +200,7 @@ def test_status_list_and_follow_show_metrics_as_the_catalog_says(srv, capsys):
     assert row.split()[3:5] == ["2.1000", "52.34k"]
 
 
-def test_list_filters_by_verification(srv, capsys):
+def test_list_filters_by_verification(srv: Server, capsys: pytest.CaptureFixture[str]) -> None:
     """`ringtrain list --verification passed|failed`: only the jobs whose pre-training check had
     that outcome (a job that has not verified matches neither)."""
     jobs: dict[str, str] = {}
