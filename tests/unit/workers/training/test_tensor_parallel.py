@@ -212,10 +212,12 @@ def test_curves_match_one_process(tmp_path: Path, pretrained: dict[str, Path]) -
     }
     print("MEASURED relative loss/grad-norm difference:", got)
     assert max(got.values()) <= RTOL, got
-    # each job's own pre-training check ran on its tensor-parallel path and passed
+    # each job's own pre-training check ran on its tensor-parallel path and passed, with a measured
+    # (nonzero) error: the reference shares FSDP and the tensor-parallel plan, so what it compares
+    # is the sequence/attention path (ring or Ulysses against dense attention)
     checked = [run["verify_max_rel_err"] for run in two + four]
     print("MEASURED verification errors:", checked)
-    assert all(len(c) == 1 and 0 <= c[0] <= 1e-4 for c in checked), checked
+    assert all(len(c) == 1 and 0 < c[0] <= 1e-4 for c in checked), checked
 
 
 def _resume(rank: int, world: int, spec_json: str, ckpt: str, until: int) -> dict[str, Any]:
