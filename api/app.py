@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -44,6 +44,7 @@ from service.launcher import ClusterInfo, DriverInfo, Launcher, LaunchRequest
 from service.leader import Leadership, new_replica_id, refuse_second_sqlite_replica
 from service.settings import Settings, ensure_tokens
 from service.store import EventBus, Store
+from service.store.database import WriteGuard
 from service.tracking import exporter_for
 from workers.config import JobSpec
 
@@ -114,11 +115,23 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     exporter = exporter_for(settings, store)
     launcher = launcher or default_launcher(settings)
     controller = Controller(settings, store, launcher)
+
+    def elected(guard: WriteGuard, acting: Callable[[], bool]) -> None:
+        """This replica leads: the control loops, and the tracking export (the leader's only)."""
+        controller.start(guard, acting)
+        if exporter is not None:
+            exporter.start(acting)
+
+    async def deposed() -> None:
+        await controller.stop()
+        if exporter is not None:
+            await asyncio.to_thread(exporter.stop)
+
     leadership = Leadership(
         store,
         lease_s=settings.leader_lease_s,
-        on_elected=controller.start,
-        on_deposed=controller.stop,
+        on_elected=elected,
+        on_deposed=deposed,
         replica=replica,
     )
     loop: list[asyncio.AbstractEventLoop] = []  # the app's loop, once it runs
@@ -127,6 +140,8 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
         """Another replica stored events: SSE subscribers here read them from the store, and a
         new or changed job wakes this replica's scheduler (when it leads)."""
         hub.refresh(job_id)
+        if exporter is not None:  # the leader exports what any replica stored
+            exporter.remote(job_id)
         if state and loop:
             loop[0].call_soon_threadsafe(controller.wake)
 
@@ -138,7 +153,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     bus.listen("sse", hub.publish)
     if relay is not None:
         bus.listen("replicas", relay.published)
-    if exporter is not None:
+    if exporter is not None:  # marks jobs only while this replica leads (exporter.start)
         bus.listen("tracking", exporter.notify)
     telemetry = Telemetry(store, leadership)
     ctx = AppContext(
@@ -165,8 +180,6 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
                 await asyncio.to_thread(relay.stop)
             engine.dispose()
             raise
-        if exporter is not None:
-            exporter.start()
         log.info(
             "control plane up (replica %s, %s); drivers report to %s",
             replica,
@@ -176,7 +189,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
         try:
             yield
         finally:
-            await leadership.stop()  # stops the control loops, gives the lease up
+            await leadership.stop()  # stops the control loops and the export, gives the lease up
             if relay is not None:
                 await asyncio.to_thread(relay.stop)
             if exporter is not None:

@@ -14,6 +14,18 @@ checkpoint) cannot be deleted from MLflow, so the job is exported again from scr
 run (the old one is deleted; TensorBoard's directory is rewritten): the tracker always holds
 exactly what the store holds.
 
+Replicas: only the leader exports (`Exporter.start(acting)` when it is elected, `stop()` when it
+steps down; `api.app`), so each point goes out once however many replicas run. A point a follower
+stored reaches the leader's export through the store: the other replica's notice
+(`Exporter.remote`, from `service.hub.Relay`) marks the job, and a sweep every `sweep_s` marks
+every job written since (`Jobs.changed_since`), so a lost notice delays the export, never loses
+it. A resume is read from the stored transitions too, wherever it was stored. A new leader's first
+sweep exports every active job, and every job written in the last `catch_up_s`, again from scratch
+(replacing what the previous leader sent, which it may not have finished); a deposed leader checks
+`acting()` before every call to a tracker, so at most a call already in flight lands after its
+term (MLflow refuses it once the new leader deleted that run). `RINGTRAIN_TENSORBOARD_DIR` must be
+one directory every replica sees (a shared volume), or each holds only what it exported as leader.
+
 mlflow and tensorboard are imported only when configured (`pip install 'ringtrain[tracking]'`).
 """
 
@@ -31,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tenacity import Retrying, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 from service.artifacts import model_dir
 from service.settings import Settings
@@ -226,6 +238,13 @@ class TensorBoardSink:
         self.writers.clear()
 
 
+class _NotLeading(Exception):
+    """This replica's term ended: the export stops here (the next leader exports from scratch)."""
+
+
+DONE_KEPT = 10000  # finished jobs a worker remembers, so a late mark does not export one again
+
+
 class _SinkWorker:
     """One sink's thread: per-job cursors over the store, retries, back-off, outage notes in the job's log."""
 
@@ -237,6 +256,7 @@ class _SinkWorker:
         note: Callable[[str, str], None],
         flush_s: float,
         retry_max_s: float,
+        acting: Callable[[], bool] = lambda: True,
     ) -> None:
         self.sink, self.store, self.model_path, self.note, self.flush_s = (
             sink,
@@ -246,10 +266,13 @@ class _SinkWorker:
             flush_s,
         )
         self.retry_max_s = retry_max_s
+        self.acting = acting
         self.cond = threading.Condition()
         self.pending: set[str] = set()
         self.resets: set[str] = set()
         self.cursor: dict[str, int] = {}
+        self.moves_seen: dict[str, int] = {}  # job -> the last transition seq checked for a resume
+        self.done: dict[str, None] = {}  # jobs exported to the end (oldest first, DONE_KEPT)
         self.failing: dict[str, int] = {}  # job -> consecutive failed passes
         self.retry_at = 0.0
         self.busy = False
@@ -293,12 +316,17 @@ class _SinkWorker:
 
     def _retrying(self) -> Retrying:
         return Retrying(
-            stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True
+            stop=stop_after_attempt(3),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            retry=retry_if_not_exception_type(_NotLeading),
+            reraise=True,
         )
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
         for attempt in self._retrying():
             with attempt:
+                if not self.acting():
+                    raise _NotLeading
                 fn(*args)
 
     def _sync(self, job_id: str) -> bool:
@@ -318,12 +346,22 @@ class _SinkWorker:
                 self.model_path(row.id) if row.state == JobState.SUCCEEDED.value else None,
             )
             with self.cond:
-                reset = job_id in self.resets or job_id not in self.cursor
+                asked = job_id in self.resets
                 self.resets.discard(job_id)
+            if not asked and job_id in self.done:  # exported to the end already
+                return True
+            reset = asked or job_id not in self.cursor
+            # a resume superseded points the sink may hold: read from the store, whichever replica
+            # stored it (before the points, so one stored meanwhile is seen on the next pass)
+            moves = self.store.jobs.transitions(job_id)
+            seen = self.moves_seen.get(job_id, 0)
+            reset = reset or any(m.resume_step is not None and m.seq > seen for m in moves)
             if reset:
                 self.cursor.pop(job_id, None)
+                self.done.pop(job_id, None)
                 self._call(self.sink.begin, job)
                 self.cursor[job_id] = 0
+            self.moves_seen[job_id] = moves[-1].seq if moves else 0
             while True:
                 rows = self.store.metrics.points(job_id, after=self.cursor[job_id], limit=PAGE)
                 if not rows:
@@ -346,6 +384,15 @@ class _SinkWorker:
             if terminal:
                 self._call(self.sink.finish, job)
                 self.cursor.pop(job_id, None)
+                self.moves_seen.pop(job_id, None)
+                self.done[job_id] = None
+                while len(self.done) > DONE_KEPT:
+                    del self.done[next(iter(self.done))]
+        except _NotLeading:
+            if reset:
+                with self.cond:
+                    self.resets.add(job_id)
+            return True
         except Exception as e:
             n = self.failing.get(job_id, 0) + 1
             self.failing[job_id] = n
@@ -387,22 +434,43 @@ class _SinkWorker:
 
 
 class Exporter:
-    """Feeds each configured sink from the store after commit; `notify` is its listener on the
-    store's event bus."""
+    """Feeds each configured sink from the store, on the leader only (`start` / `stop` per term);
+    `notify` is its listener on the store's event bus, `remote` hears of other replicas' commits.
+
+    `sinks` makes a fresh set of sinks per term (called once here too, so a tracker that is
+    configured but not installed fails at start-up)."""
 
     def __init__(
         self,
         store: Store,
-        sinks: Iterable[Sink],
+        sinks: Callable[[], Iterable[Sink]],
         model_path: Callable[[str], str],
         note: Callable[[str, str], None],
         flush_s: float = 0.5,
         retry_max_s: float = 60.0,
+        sweep_s: float = 5.0,
+        window_s: float = 60.0,
+        catch_up_s: float = 600.0,
     ) -> None:
         self.store = store
-        self.workers = [
-            _SinkWorker(s, store, model_path, note, flush_s, retry_max_s) for s in sinks
-        ]
+        self.make_sinks = sinks
+        for sink in list(sinks()):
+            sink.close()
+        self.model_path, self.note = model_path, note
+        self.flush_s, self.retry_max_s = flush_s, retry_max_s
+        # sweep every sweep_s for the jobs written in the last window_s (writers' clocks may
+        # differ by less than that); a new term first re-exports what changed in catch_up_s
+        self.sweep_s, self.window_s, self.catch_up_s = sweep_s, window_s, catch_up_s
+        self.workers: list[_SinkWorker] = []  # empty while not leading: marks go nowhere
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._swept = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._sweeper is not None
 
     def notify(self, job_id: str, events: list[Event]) -> None:
         """Runs under the store's write lock: only marks the job; log-only batches (our own notes) are ignored."""
@@ -412,37 +480,96 @@ class Exporter:
         for w in self.workers:
             w.mark(job_id, reset)
 
-    def start(self) -> None:
-        for w in self.workers:
-            w.start()
-        try:
-            active = self.store.jobs.active()
-        except Exception as e:
-            log.warning("tracking export: cannot list active jobs at start (%s)", e)
+    def remote(self, job_id: str | None) -> None:
+        """Another replica stored events of `job_id` (None: anything, e.g. after the notices were
+        lost): mark the job, or sweep now. Any thread."""
+        if job_id is None:
+            self._wake.set()
             return
-        for job in active:  # (re)export from scratch: what an earlier process sent may be stale
-            for w in self.workers:
-                w.mark(job.id, reset=True)
+        for w in self.workers:
+            w.mark(job_id, False)
+
+    def start(self, acting: Callable[[], bool] | None = None) -> None:
+        """Export from now on (this replica leads; `acting` says while it still does): fresh sinks
+        and workers, and the sweep, whose first pass exports from scratch every active job and
+        every job written in the last `catch_up_s`. Lists nothing itself (never blocks)."""
+        with self._lock:
+            if self._sweeper is not None:
+                return
+            still = acting or (lambda: True)
+            args = (self.store, self.model_path, self.note, self.flush_s, self.retry_max_s, still)
+            workers = [_SinkWorker(s, *args) for s in self.make_sinks()]
+            for w in workers:
+                w.start()
+            self.workers = workers
+            self._stop, self._wake, self._swept = (threading.Event() for _ in range(3))
+            self._sweeper = threading.Thread(
+                target=self._sweep_loop,
+                args=(workers, self._stop, self._wake, self._swept),
+                name="tracking-sweep",
+                daemon=True,
+            )
+            self._sweeper.start()
+
+    def _sweep_loop(
+        self,
+        workers: list[_SinkWorker],
+        stop: threading.Event,
+        wake: threading.Event,
+        swept: threading.Event,
+    ) -> None:
+        seen: dict[str, int] | None = None  # job -> next event seq at the last sweep
+        last = time.time() - self.catch_up_s
+        while not stop.is_set():
+            t0 = time.time()
+            try:
+                changed = self.store.jobs.changed_since(min(last, t0 - self.window_s))
+                if seen is None:  # a new term: (re)export from scratch, the last one may be stale
+                    jobs = set(changed) | {j.id for j in self.store.jobs.active()}
+                    marks = [(jid, True) for jid in sorted(jobs)]
+                else:
+                    marks = [(jid, False) for jid, n in changed.items() if seen.get(jid) != n]
+                for jid, reset in marks:
+                    for w in workers:
+                        w.mark(jid, reset)
+                seen, last = changed, t0
+                swept.set()
+            except Exception as e:
+                log.warning("tracking export: cannot read the jobs to export (%s)", e)
+            wake.wait(self.sweep_s)
+            wake.clear()
 
     def idle(self) -> bool:
-        return all(w.idle() for w in self.workers)
+        return (not self.running or self._swept.is_set()) and all(w.idle() for w in self.workers)
 
     def stop(self, timeout: float = 5.0) -> None:
-        for w in self.workers:
+        """Stop exporting (the term ended, or shutdown); safe when not started."""
+        with self._lock:
+            sweeper, self._sweeper = self._sweeper, None
+            workers, self.workers = self.workers, []
+            self._stop.set()
+            self._wake.set()
+        for w in workers:
             w.stop(timeout)
+        if sweeper is not None:
+            sweeper.join(timeout)
 
 
 def exporter_for(settings: Settings, store: Store) -> Exporter | None:
     """The exporter the settings ask for (None when neither tracker is configured). It reads from
-    the store; the caller subscribes `Exporter.notify` to the store's event bus
-    (`api.app.create_app`)."""
-    sinks: list[Sink] = []
-    if settings.mlflow_tracking_uri:
-        sinks.append(MlflowSink(settings.mlflow_tracking_uri, settings.mlflow_experiment))
-    if settings.tensorboard_dir:
-        sinks.append(TensorBoardSink(settings.tensorboard_dir))
-    if not sinks:
+    the store; the caller subscribes `Exporter.notify` to the store's event bus and runs it on the
+    leader only (`api.app.create_app`)."""
+    if not (settings.mlflow_tracking_uri or settings.tensorboard_dir):
         return None
+
+    def sinks() -> list[Sink]:
+        out: list[Sink] = []
+        if settings.mlflow_tracking_uri:
+            out.append(MlflowSink(settings.mlflow_tracking_uri, settings.mlflow_experiment))
+        if settings.tensorboard_dir:
+            out.append(TensorBoardSink(settings.tensorboard_dir))
+        return out
+
     return Exporter(
         store,
         sinks,

@@ -68,6 +68,13 @@ class Jobs:
         with self.db.read() as s:
             return list(s.scalars(q.order_by(Job.created_at)))
 
+    def changed_since(self, t: float) -> dict[str, int]:
+        """{job id: next event seq} of the jobs written after `t` (`updated_at`, on the clock of
+        the replica that wrote): whichever replica stored their events (`service.tracking`)."""
+        q = select(Job.id, Job.next_event_seq).where(Job.updated_at > t)
+        with self.db.read() as s:
+            return {jid: seq for jid, seq in s.execute(q)}
+
     def counts_by_state(self) -> dict[str, int]:
         with self.db.read() as s:
             q = select(Job.state, func.count()).group_by(Job.state)
