@@ -102,7 +102,7 @@ class Demand:
         unit = f"{self.cpus_per_bundle:g} CPU" + (
             f" + {self.gpus_per_bundle:g} GPU" if self.gpus_per_bundle else ""
         )
-        return f"{self.bundles} × ({unit})"
+        return f"{self.bundles} x ({unit})"
 
 
 def uses_gpus(spec: JobSpec, cluster: ClusterInfo) -> bool:

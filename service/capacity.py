@@ -43,7 +43,7 @@ def growth_limit(shapes: Sequence[NodeShape]) -> str:
         name = f"worker group {s.group!r}" if s.group else "a worker group"
         unit = f"{s.cpus:g} CPU" + (f" + {s.gpus:g} GPU" if s.gpus else "")
         total = f"{s.max_nodes * s.gpus:g} GPUs" if s.gpus else f"{s.max_nodes * s.cpus:g} CPUs"
-        parts.append(f"{name}: maxReplicas {s.max_nodes} × ({unit}) = {total}")
+        parts.append(f"{name}: maxReplicas {s.max_nodes} x ({unit}) = {total}")
     return "; ".join(parts)
 
 

@@ -348,7 +348,7 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
         out.suggested_parallel = split
         if split != {"ulysses_size": ulysses, "ring_size": spec.parallel.ring_size}:
             out.warnings.append(
-                f"suggested for this cluster: ulysses_size {split['ulysses_size']} × ring_size "
+                f"suggested for this cluster: ulysses_size {split['ulysses_size']} x ring_size "
                 f"{split['ring_size']} (the all-to-all inside a node, the ring across nodes)"
             )
     if acc == "cpu" and spec.resources.accelerator == "auto" and world > 1:

@@ -29,7 +29,8 @@ class Settings(BaseSettings):
     )
     api_tokens: dict[str, str] | None = Field(
         None,
-        description="JSON object token → owner; a key 'sha256:<64 hex>' is the SHA-256 of a token, not a token",
+        description="JSON object token -> owner; a key 'sha256:<64 hex>' is the SHA-256 of a "
+        "token, not a token",
     )
     token_file: Path = Field(
         DEFAULT_TOKEN_FILE, description="where the generated admin token is kept"
@@ -58,7 +59,7 @@ class Settings(BaseSettings):
     sse_ping_s: float = Field(15.0, gt=0)
     quotas: dict[str, Quota] = Field(
         default_factory=dict,
-        description="JSON owner → {max_running_jobs, max_cpus, max_gpus} (admission queue)",
+        description="JSON owner -> {max_running_jobs, max_cpus, max_gpus} (admission queue)",
     )
     queue_reserve_after_s: float = Field(
         300.0,
@@ -146,7 +147,7 @@ class Settings(BaseSettings):
                     or not owner
                 ):
                     raise ValueError(
-                        "api_tokens must map tokens (≥ 8 characters) to non-empty owner names"
+                        "api_tokens must map tokens (>= 8 characters) to non-empty owner names"
                     )
                 if token.startswith(HASHED_PREFIX):
                     digest = token[len(HASHED_PREFIX) :].lower()

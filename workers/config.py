@@ -235,7 +235,8 @@ class ParallelConfig(StrictModel):
         1,
         ge=1,
         le=MAX_WORLD,
-        description="Ulysses × ring: ranks of one node that trade sequence for heads by all-to-all around the ring",
+        description="Ulysses x ring: ranks of one node that trade sequence for heads by all-to-all "
+        "around the ring",
     )
     tensor_size: int = Field(
         1,
@@ -364,7 +365,7 @@ class VerifyConfig(StrictModel):
 class ResourcesConfig(StrictModel):
     accelerator: Literal["auto", "cpu", "gpu"] = "auto"
     cpus_per_worker: float = Field(
-        1.0, ge=1e-4, le=1024, description="≥ 0.0001: Ray's resource granularity"
+        1.0, ge=1e-4, le=1024, description=">= 0.0001: Ray's resource granularity"
     )
 
 
@@ -783,7 +784,7 @@ class JobSpec(StrictModel):
             _fail(
                 "parallel.ring_size",
                 p.ring_size,
-                f"ring_size × data_parallel × ulysses_size × tensor_size must be ≤ {MAX_WORLD}",
+                f"ring_size x data_parallel x ulysses_size x tensor_size must be <= {MAX_WORLD}",
             )
         if self.train.offload_activations and self.resources.accelerator == "cpu":
             _fail(
@@ -803,7 +804,7 @@ class JobSpec(StrictModel):
             _fail(
                 "train.warmup_steps",
                 self.train.warmup_steps,
-                "train.warmup_steps must be ≤ train.steps",
+                "train.warmup_steps must be <= train.steps",
             )
         for i, length in enumerate(self.eval.context_lengths or []):
             if length < 64 or length > MAX_SEQ_LEN or length % need:
@@ -824,8 +825,8 @@ class JobSpec(StrictModel):
                     _fail(
                         f"data.curriculum.{i}.seq_len",
                         stage.seq_len,
-                        f"curriculum seq_len {stage.seq_len} must be ≤ data.seq_len ({self.data.seq_len}), "
-                        f"≥ 16 · key_digits and divisible by {need}",
+                        f"curriculum seq_len {stage.seq_len} must be <= data.seq_len "
+                        f"({self.data.seq_len}), >= 16 x key_digits and divisible by {need}",
                     )
         return self
 

@@ -911,7 +911,7 @@ def test_unplaceable_job_waits_queued_holding_nothing_and_fails_only_if_the_clus
             jid = c.post("/v1/jobs", json=spec(5, name="no-room", every=0)).json()["id"]
             job = wait_job(c, jid, lambda j: j["queue_position"] == 1, 30, "a queue position")
             assert (
-                "waiting for capacity: needs 2 × (1 CPU), room for 1 now" in job["queue_reason"]
+                "waiting for capacity: needs 2 x (1 CPU), room for 1 now" in job["queue_reason"]
             ), job
             time.sleep(6)
             job = get_job(c, jid)

@@ -114,7 +114,7 @@ def losses(job: Any) -> list[int]:
 def rank_pids(job: Any) -> dict[int, int]:
     out = {}
     for item in job.logs:
-        m = re.search(r"rank (\d+) → .* pid (\d+)", item["line"])
+        m = re.search(r"rank (\d+) -> .* pid (\d+)", item["line"])
         if m:
             out[int(m.group(1))] = int(m.group(2))
     return out

@@ -324,7 +324,7 @@ def documents(cu_seqlens: torch.Tensor | None, batch: int, seq_len: int) -> Docu
         return Documents(((0, batch, tuple(bounds)),))
     if bounds[-1] != batch * seq_len:
         extra = (
-            f" or batch × S = {batch * seq_len} (one set of documents per row)" if batch > 1 else ""
+            f" or batch x S = {batch * seq_len} (one set of documents per row)" if batch > 1 else ""
         )
         raise ValueError(
             f"cu_seqlens must end at the global sequence length S = {seq_len}{extra}, got {bounds[-1]}"

@@ -35,7 +35,8 @@ def usp_group_ranks(
     """
     if ulysses_size < 1 or ring_size < 1 or world % (ulysses_size * ring_size):
         raise ValueError(
-            f"world {world} is not a multiple of ulysses_size {ulysses_size} × ring_size {ring_size}"
+            f"world {world} is not a multiple of ulysses_size {ulysses_size} x ring_size "
+            f"{ring_size}"
         )
     u, r = ulysses_size, ring_size
     uly = [list(range(base, base + u)) for base in range(0, world, u)]

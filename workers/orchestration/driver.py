@@ -210,7 +210,7 @@ class JobDriver:
         )
         for a in g.assignments:
             log.info(
-                "rank %d → node %s (%s) %s replica %d pid %d",
+                "rank %d -> node %s (%s) %s replica %d pid %d",
                 a.rank, a.node_id[:12], a.node_ip, a.device, a.replica, g.pids[a.actor_index],
             )  # fmt: skip
 

@@ -164,7 +164,7 @@ def reserve(
     shortfall = capacity_shortfall(units, unit, nodes_total, ranks_per_bundle=per_unit)
     want = ", ".join(f"{v:g} {k}" for k, v in unit.items())
     what = f"{units} tensor group(s) of {per_unit}" if per_unit > 1 else f"{world} rank(s)"
-    reason = f"waiting for resources: {what} × ({want}), {strategy}"
+    reason = f"waiting for resources: {what} x ({want}), {strategy}"
     if shortfall:
         reason += f"; {shortfall}"
     pg = placement_group(bundles, strategy=strategy, name=name)
@@ -178,7 +178,7 @@ def reserve(
                 raise Cancelled()
             if time.monotonic() > deadline:
                 raise PlacementTimeout(
-                    f"could not place {what} × ({want}) within {timeout_s:g}s "
+                    f"could not place {what} x ({want}) within {timeout_s:g}s "
                     f"({strategy}): {shortfall or 'the cluster resources stayed busy'}"
                 )
         group.actors = [

@@ -88,7 +88,7 @@ def linear_cross_entropy_sum(
     `(token_losses(F.linear(hidden, weight), labels) * token_weights).sum()` to fp32 rounding.
     """
     if chunk < 1:
-        raise ValueError(f"chunk must be ≥ 1, got {chunk}")
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
     with torch.autocast(hidden.device.type, enabled=False):  # dtypes are handled explicitly inside
         return _LinearCrossEntropySum.apply(
             hidden.reshape(-1, hidden.shape[-1]),

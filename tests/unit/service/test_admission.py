@@ -58,7 +58,7 @@ def test_priority_then_submission_order_and_positions() -> None:
     d = run(jobs, nodes(4))  # room for two 2-rank jobs
     assert d.start == ["b", "e"]  # priority 5 first, in submission order
     assert d.waiting == {
-        "a": (1, "waiting for capacity: needs 2 × (1 CPU), room for 0 now"),
+        "a": (1, "waiting for capacity: needs 2 x (1 CPU), room for 0 now"),
         "c": (2, d.waiting["c"][1]),
         "d": (3, d.waiting["d"][1]),  # lowest priority last although submitted first
     }
@@ -113,7 +113,7 @@ def test_a_job_the_shrunken_cluster_cannot_hold_waits_flagged_and_reserves_nothi
     ]  # never reserving: the small job is not held behind it
     assert d.waiting["big"] == (
         1,
-        "the whole cluster now has room for 2 of its 4 × (1 CPU) (nodes lost?)",
+        "the whole cluster now has room for 2 of its 4 x (1 CPU) (nodes lost?)",
     )
 
 

@@ -54,7 +54,7 @@ def test_planner_counts_the_group_the_autoscaler_may_grow() -> None:
     assert not over.fits and "needs 17 GPUs" in over.warnings[0] and "has 16" in over.warnings[0]
     assert (
         growth_limit([NodeShape(**GPU_GROUP)])
-        == "worker group 'gpu': maxReplicas 2 × (32 CPU + 8 GPU) = 16 GPUs"
+        == "worker group 'gpu': maxReplicas 2 x (32 CPU + 8 GPU) = 16 GPUs"
     )
 
 

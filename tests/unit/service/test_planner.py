@@ -50,7 +50,7 @@ def test_suggests_ulysses_inside_a_node_and_the_ring_across() -> None:
     assert suggest_split(spec, _gpu_cluster(8, 1).nodes) == {"ulysses_size": 1, "ring_size": 8}
     out = plan(spec, _gpu_cluster(2, 4))
     assert out.fits and out.suggested_parallel == {"ulysses_size": 4, "ring_size": 2}
-    assert any("ulysses_size 4 × ring_size 2" in w for w in out.warnings)
+    assert any("ulysses_size 4 x ring_size 2" in w for w in out.warnings)
 
 
 def test_usp_placement_keeps_a_replica_together() -> None:

@@ -171,7 +171,7 @@ def test_jobs_wait_with_position_and_reason_then_start_by_priority_and_submissio
         urgent = c.post("/v1/jobs", json=spec("urgent", priority=5)).json()["id"]
         j = waiting(c, low, lambda j: j["queue_position"] == 3)
         assert j["state"] == "QUEUED" and j["priority"] == -1 and j["submission_id"] is None
-        assert "waiting for capacity: needs 2 × (1 CPU), room for 0 now" in j["queue_reason"], j
+        assert "waiting for capacity: needs 2 x (1 CPU), room for 0 now" in j["queue_reason"], j
         assert waiting(c, urgent, lambda j: j["queue_position"] == 1)["priority"] == 5
         assert waiting(c, later, lambda j: j["queue_position"] == 2)
         time.sleep(0.5)  # several scheduler passes: nothing is submitted for a waiting job
@@ -283,7 +283,7 @@ def test_a_queued_job_the_shrunken_cluster_cannot_hold_waits_then_fails(tmp_path
         sim.alive = False  # the node is lost
         sim.release(f"ringtrain-{blocker}-0", DriverStatus.FAILED)
         j = wait_for(lambda: (j := job(c, jid))["state"] == "FAILED" and j, timeout=15)
-        assert "the whole cluster now has room for 0 of its 4 × (1 CPU)" in j["error"], j["error"]
+        assert "the whole cluster now has room for 0 of its 4 x (1 CPU)" in j["error"], j["error"]
         assert "no node came back within 1s" in j["error"]
         assert [t["to"] for t in j["transitions"]] == ["QUEUED", "FAILED"]
 
@@ -302,7 +302,7 @@ def test_cli_list_and_status_show_position_and_why(
         out = capsys.readouterr().out
         assert (
             f"{jid:<14} QUEUED #1" in out
-            and "waits: waiting for capacity: needs 2 × (1 CPU), room for 0" in out
+            and "waits: waiting for capacity: needs 2 x (1 CPU), room for 0" in out
         )
         assert main(["status", jid, *common]) == 0
         out = capsys.readouterr().out

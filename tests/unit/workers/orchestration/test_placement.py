@@ -251,7 +251,7 @@ def test_rank_ordering_on_three_simulated_nodes() -> None:
 
     r6 = res["ring6"]
     assert r6["strategy"] == "PACK"  # no node has 6 CPUs
-    assert "6 rank(s) × (1 CPU)" in r6["reason"]
+    assert "6 rank(s) x (1 CPU)" in r6["reason"]
     placement = r6["placement"]
     assert [p["rank"] for p in placement] == list(range(6))
     # Reported placement is where each rank's actor really runs.
