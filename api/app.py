@@ -1,6 +1,7 @@
 """The FastAPI application factory: `create_app(settings, launcher=None)`.
 
-The database must already be at the newest schema (`ringtrain db upgrade`; `serve` runs it first):
+The database must already be at the newest schema (`ringtrain db upgrade`; `serve` runs it first
+unless `--no-migrate` / `RINGTRAIN_MIGRATE_ON_START=false`):
 building the app checks it and refuses with that command otherwise.
 """
 

@@ -68,6 +68,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             "port": args.port,
             "database_url": args.database_url,
             "ray_address": args.ray_address,
+            "migrate_on_start": False if getattr(args, "no_migrate", False) else None,
         }.items()
         if v is not None
     }
@@ -80,7 +81,8 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
     from api.app import create_app
     from service.db import upgrade
 
-    upgrade(settings.database_url)  # the one schema upgrade, before the app (which only checks it)
+    if settings.migrate_on_start:  # else a step of its own (`ringtrain db upgrade`, init container)
+        upgrade(settings.database_url)  # the one schema upgrade, before the app (which checks it)
     head = None
     launcher = None
     con = _console()
@@ -700,6 +702,12 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", parents=[srv], help="run the control plane")
+    s.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="do not upgrade the schema at start (RINGTRAIN_MIGRATE_ON_START=false): run "
+        "`ringtrain db upgrade` as its own step; an old schema is then refused",
+    )
     s.set_defaults(fn=cmd_serve, json=False)
     s = sub.add_parser("demo", parents=[srv], help="serve locally and submit the passkey example")
     s.add_argument("--spec", help="spec to submit instead of examples/passkey.yaml")

@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         description="replicas on one PostgreSQL store: the leader's lease; a dead leader is "
         "replaced within this long, a leader that cannot renew stops acting before it runs out",
     )
+    migrate_on_start: bool = Field(
+        True,
+        description="`serve` upgrades the schema before it starts (`ringtrain db upgrade`); "
+        "false where that is a step of its own (the Deployment's init container): the app then "
+        "only checks the schema and refuses to start on an old one",
+    )
     log_level: str = "INFO"
     # Opt-in tracking export (service.tracking; needs `pip install 'ringtrain[tracking]'`)
     mlflow_tracking_uri: str = Field(

@@ -9,11 +9,13 @@ Rendering needs `kubectl` (skipped without it), like tests/deploy/test_deploy.py
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import kubernetes_validate
 import pytest
@@ -21,6 +23,7 @@ import yaml
 
 from service.kuberay_jobs import _bytes, _quantity, rayjob_for
 from service.launcher import LaunchRequest
+from service.settings import Settings
 from tests.deploy import test_network_policy as npol
 from tests.deploy.test_deploy import K8S_VERSION, OVERLAY_IDS, OVERLAYS, by_kind, rendered, the_one
 from tests.support import deploy_helpers as dh
@@ -108,6 +111,13 @@ def test_control_plane_keeps_a_replica_through_rollouts_and_drains(overlay: str)
     assert mig["image"] == api["image"] and mig["envFrom"] == api["envFrom"]
     assert api["command"] == ["ringtrain", "serve"]
     assert mig["securityContext"]["readOnlyRootFilesystem"] is True
+    # ... and not again inside app start-up: `serve` is told to only check the schema
+    env = {e["name"]: e.get("value") for e in api.get("env", [])}
+    assert "RINGTRAIN_MIGRATE_ON_START" in env, "serve would migrate at start as well"
+    with mock.patch.dict(
+        os.environ, {"RINGTRAIN_MIGRATE_ON_START": env["RINGTRAIN_MIGRATE_ON_START"]}
+    ):
+        assert Settings().migrate_on_start is False
 
 
 def test_readme_explains_replicas_and_upgrades() -> None:
