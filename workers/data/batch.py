@@ -18,6 +18,7 @@ from workers.attention import (
     usp_shard_positions,
     usp_shard_sequence,
 )
+from workers.data.balance import replica_rows
 
 
 @dataclass
@@ -58,6 +59,16 @@ def rows_cu_seqlens(cu_seqlens: torch.Tensor, first: int, stop: int, seq_len: in
     return (keep - lo).to(torch.int32)
 
 
+def select_cu_seqlens(cu_seqlens: torch.Tensor, rows: list[int], seq_len: int) -> torch.Tensor:
+    """The varlen boundaries of the batch made of `rows` (in that order), renumbered from 0: each
+    row's segments (a segment belongs to the row it starts in), one after the other."""
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    owner = cu[:-1] // seq_len
+    picked = torch.cat([lengths[owner == r] for r in rows])
+    return torch.cat([torch.zeros(1, dtype=torch.int64), picked.cumsum(0)]).to(torch.int32)
+
+
 def from_windows(windows: torch.Tensor, weights: torch.Tensor | None = None) -> Batch:
     """[B, seq_len + 1] token windows (and optional per-label weights [B, seq_len]) → a global batch."""
     inputs, labels = windows[:, :-1], windows[:, 1:]
@@ -79,33 +90,32 @@ def take_shard(
 ) -> Batch:
     """This rank's part: the rows of its data-parallel replica, the sequence shard of its ring rank.
 
-    `ring_group=None` means no sequence parallelism (the whole sequence stays local). With a
-    `ulysses_group` (Ulysses × ring), the shard is `usp_shard_positions`'s. No communication.
-    `cu_seqlens` stay global in the sequence (every ring rank gets the same), restricted to the replica's rows.
+    The replica's rows are `balance.replica_rows`'s: balanced for packed documents, a contiguous
+    block otherwise. `ring_group=None` means no sequence parallelism (the whole sequence stays
+    local). With a `ulysses_group` (Ulysses x ring), the shard is `usp_shard_positions`'s. No
+    communication. `cu_seqlens` stay global in the sequence (every ring rank gets the same),
+    restricted to the replica's rows.
     """
-    rows, seq_len = batch.inputs.shape
-    if rows % dp_size:
-        raise ValueError(f"global batch of {rows} is not divisible by data_parallel={dp_size}")
-    per = rows // dp_size
-    sl = slice(dp_index * per, (dp_index + 1) * per)
-    cu = (
-        None
-        if batch.cu_seqlens is None
-        else rows_cu_seqlens(batch.cu_seqlens, sl.start, sl.stop, seq_len)
-    )
+    seq_len = batch.inputs.shape[1]
+    mine = replica_rows(batch, dp_size)[dp_index]
+    if mine == list(range(mine[0], mine[-1] + 1)):
+        sel: slice | torch.Tensor = slice(mine[0], mine[-1] + 1)
+    else:
+        sel = torch.tensor(mine, dtype=torch.long)
+    cu = None if batch.cu_seqlens is None else select_cu_seqlens(batch.cu_seqlens, mine, seq_len)
     if ring_group is None and ulysses_group is None:
-        pick = lambda t: t[sl]
+        pick = lambda t: t[sel]
         pos = batch.positions
     elif ulysses_group is None:
         rank, world = dist.get_rank(ring_group), dist.get_world_size(ring_group)
-        pick = lambda t: shard_sequence(t[sl], 1, layout, ring_group)
+        pick = lambda t: shard_sequence(t[sel], 1, layout, ring_group)
         pos = shard_positions(seq_len, layout, rank, world)
     else:
         if ring_group is None:
             raise ValueError(
                 "Ulysses sharding needs the ring group too (a one-rank group when ring_size is 1)"
             )
-        pick = lambda t: usp_shard_sequence(t[sl], 1, layout, ulysses_group, ring_group)
+        pick = lambda t: usp_shard_sequence(t[sel], 1, layout, ulysses_group, ring_group)
         u, nu = dist.get_rank(ulysses_group), dist.get_world_size(ulysses_group)
         r, nr = dist.get_rank(ring_group), dist.get_world_size(ring_group)
         pos = usp_shard_positions(seq_len, layout, u, nu, r, nr)
