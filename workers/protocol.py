@@ -123,8 +123,17 @@ def ringtrain_version() -> str:
         return ""
 
 
+def ray_version() -> str:
+    """This installation's Ray version, `ray.__version__` ("" without Ray), read without importing
+    Ray (the control plane imports it only to submit)."""
+    try:
+        return metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 class VersionMismatch(RuntimeError):
-    """The driver's ringtrain is not the control plane's: one cluster, two releases."""
+    """The driver's ringtrain or Ray is not the control plane's: one cluster, two releases."""
 
 
 class DriverEnv(BaseSettings):
@@ -160,19 +169,32 @@ class DriverEnv(BaseSettings):
         default_factory=ringtrain_version,
         description="the launcher's ringtrain version (set on its side); the driver refuses others",
     )
+    control_plane_ray_version: str = Field(
+        default_factory=ray_version,
+        description="the launcher's Ray version (set on its side); the driver refuses others: "
+        "ringtrain's version is the same for every build, Ray's tells two Ray releases apart",
+    )
 
     def check_version(self) -> None:
-        """Refuse to run under another ringtrain release than the control plane's: a half-upgraded
-        cluster (new control plane, old Ray pods, or the reverse) speaks two versions of this
-        contract."""
+        """Refuse to run under another ringtrain or Ray release than the control plane's: a
+        half-upgraded cluster (new control plane, old Ray pods, or the reverse) speaks two versions
+        of this contract. An empty version (not sent, or not installed) is not compared."""
+        fix = (
+            "Run one release everywhere: set the same image tag for the control plane and the "
+            "RayCluster and apply both (deploy/README.md, Upgrading); submit the job again then."
+        )
         mine = ringtrain_version()
         theirs = self.control_plane_version
         if mine and theirs and mine != theirs:
             raise VersionMismatch(
                 f"ringtrain version mismatch: this driver (the Ray image) runs {mine}, the "
-                f"control plane {theirs}. Run one release everywhere: set the same image tag for "
-                "the control plane and the RayCluster and apply both (deploy/README.md, "
-                "Upgrading); submit the job again then."
+                f"control plane {theirs}. {fix}"
+            )
+        mine, theirs = ray_version(), self.control_plane_ray_version
+        if mine and theirs and mine != theirs:
+            raise VersionMismatch(
+                f"Ray version mismatch: this driver (the Ray image) runs Ray {mine}, the control "
+                f"plane Ray {theirs}. {fix}"
             )
 
     def to_env(self) -> dict[str, str]:

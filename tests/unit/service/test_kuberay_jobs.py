@@ -30,6 +30,7 @@ import yaml
 from service.admission import NodeShape
 from service.kuberay_jobs import KubeAPI, KubeRayJobLauncher, priority_class, rayjob_for, status_of
 from service.launcher import DriverStatus, LaunchRequest
+from service.ray_jobs import driver_environment
 from tests.support import deploy_helpers as dh
 from tests.support.api_harness import ALICE, TINY_SPEC, Driver, running, wait_for
 from workers import protocol
@@ -559,9 +560,24 @@ def test_a_driver_of_another_release_refuses_to_run() -> None:
     msg = str(err.value)
     assert "runs 9.9.9" in msg and f"control plane {env['RINGTRAIN_CONTROL_PLANE_VERSION']}" in msg
     assert "same image tag" in msg and "Upgrading" in msg
-    # a control plane from before the check sends no version: the driver takes its own, runs
-    old = {k: v for k, v in env.items() if k != "RINGTRAIN_CONTROL_PLANE_VERSION"}
+    # ringtrain's version is 0.1.0 for every build: Ray's is compared too, sent the same way (the
+    # Ray job launcher builds the same environment)
+    import ray
+
+    sent = env["RINGTRAIN_CONTROL_PLANE_RAY_VERSION"]
+    assert sent == protocol.ray_version() == ray.__version__
+    assert driver_environment(request(GPU_SPEC))["RINGTRAIN_CONTROL_PLANE_RAY_VERSION"] == sent
+    other_ray = mock.patch.object(protocol, "ray_version", return_value="2.0.1")
+    with other_ray, pytest.raises(protocol.VersionMismatch) as err:
+        env_of(job).check_version()
+    msg = str(err.value)
+    assert msg.startswith("Ray version mismatch") and "runs Ray 2.0.1" in msg
+    assert f"control plane Ray {sent}" in msg and "same image tag" in msg and "Upgrading" in msg
+    # a control plane from before the checks sends no version: the driver takes its own, runs
+    sent_by_new = ("RINGTRAIN_CONTROL_PLANE_VERSION", "RINGTRAIN_CONTROL_PLANE_RAY_VERSION")
+    old = {k: v for k, v in env.items() if k not in sent_by_new}
     with mock.patch.dict(os.environ, old, clear=True):
         driver = protocol.DriverEnv()  # type: ignore[call-arg]
     assert driver.control_plane_version == protocol.ringtrain_version()
+    assert driver.control_plane_ray_version == protocol.ray_version()
     driver.check_version()
