@@ -439,6 +439,30 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def shape_lines(spec: dict[str, Any]) -> list[str]:
+    """The stored parallel shape and memory knobs (what `ring_size: auto` was resolved to)."""
+    par, train = spec.get("parallel", {}), spec.get("train", {})
+    shape = " x ".join(
+        f"{name} {par.get(key, 1)}"
+        for name, key in (
+            ("dp", "data_parallel"),
+            ("ring", "ring_size"),
+            ("ulysses", "ulysses_size"),
+            ("tensor", "tensor_size"),
+        )
+    )
+    seq = spec.get("data", {}).get("seq_len", "?")
+    knobs = (
+        f"checkpointing {train.get('activation_checkpointing', 'none')}, "
+        f"tiled MLP {train.get('tiled_mlp', 'off')}"
+        + (", offloaded activations" if train.get("offload_activations") else "")
+    )
+    return [
+        f"  parallel  {shape} ({par.get('layout', '?')}), seq_len {seq}",
+        f"  memory    {knobs}",
+    ]
+
+
 def verification_line(j: JobOut) -> str:
     """The pre-training check of the job's math, in one line."""
     v = j.verification
@@ -469,6 +493,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(
                 f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   priority {j.priority}"
             )
+            for line in shape_lines(j.spec):
+                print(line)
             print(
                 f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   updated {j.updated_at:%H:%M:%S}"
             )

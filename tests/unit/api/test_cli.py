@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from api.cli import main
 from tests.support.api_harness import ALICE, Driver, Server, running, wait_for
@@ -178,6 +179,13 @@ def test_status_list_and_follow_show_metrics_as_the_catalog_says(srv, capsys):
     )
     code, out, _ = run(capsys, "status", job_id)
     assert code == 0
+    spec = yaml.safe_load(Path(PASSKEY).read_text())
+    par = spec["parallel"]
+    assert (
+        f"  parallel  dp {par.get('data_parallel', 1)} x ring {par['ring_size']} x ulysses 1"
+        f" x tensor 1 ({par['layout']}), seq_len {spec['data']['seq_len']}\n"
+    ) in out
+    assert "  memory    checkpointing " in out
     metric_lines = out.split("  created")[1].split("\n", 1)[1].split("  history")[0].splitlines()
     assert metric_lines == [
         "  verified  not yet",  # one verify_* point is not a verification (verify_passed is missing)
