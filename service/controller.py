@@ -21,7 +21,8 @@
   store write of theirs under the term's fence and checks `acting()` before each pass and each Ray
   submission, so a deposed leader stops before another replica starts. A driver a previous leader
   submitted but did not record (it died in between) is adopted (`launcher.find`), keeping the ingest
-  token that driver holds.
+  token that driver holds; a look-up that fails is retried like a submission (and counted with
+  them), never followed by a new token.
 """
 
 from __future__ import annotations
@@ -237,10 +238,10 @@ class Controller:
 
     async def _submit(self, job_id: str, spec: JobSpec, attempt: int, restarts: int = 0) -> None:
         try:
-            found = await asyncio.to_thread(self.launcher.find, job_id, attempt)
-        except Exception as e:  # the cluster unreachable: the submission tries below count it
-            log.info("job %s: cannot look for an earlier submission (%s)", job_id, e)
-            found = None
+            found = await self._with_retries(self._try_find, job_id, attempt)
+        except _SubmitGaveUp as e:
+            await asyncio.to_thread(self.store.jobs.transition, job_id, JobState.FAILED, str(e))
+            return
         if found is not None:  # submitted by a leader that died before recording it
             log.warning("job %s: adopting driver %s, submitted before a takeover", job_id, found)
             await self._submitted(job_id, found)
@@ -261,7 +262,7 @@ class Controller:
             delivered_through=through,
         )
         try:
-            sid = await self._submit_with_retries(req)
+            sid = await self._with_retries(self._try_submit, req)
         except _SubmitGaveUp as e:
             await asyncio.to_thread(self.store.jobs.transition, job_id, JobState.FAILED, str(e))
             return
@@ -284,18 +285,41 @@ class Controller:
             only_from={JobState.QUEUED},
         )
 
-    async def _submit_with_retries(self, req: LaunchRequest) -> str | None:
-        """The submission id; Ray's refusals are retried after 2, 4, 8… s (at most 30 s) until `submit_attempts`
-        tries are counted in the store (so a restarted control plane does not start over). None when the job was
-        cancelled meanwhile."""
+    async def _with_retries(
+        self, fn: Callable[..., Awaitable[str | None]], *args: object
+    ) -> str | None:
+        """`fn(*args)` (`_try_find`, `_try_submit`); its refusals are retried after 2, 4, 8... s (at
+        most 30 s) until `submit_attempts` failed tries are counted in the store (so a restarted
+        control plane does not start over)."""
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(_SubmitRefused),
             wait=wait_exponential(multiplier=2, max=30),
             reraise=True,
         )
-        return await retrying(self._try_submit, req)
+        return await retrying(fn, *args)
+
+    async def _try_find(self, job_id: str, attempt: int) -> str | None:
+        """This attempt's driver if the cluster already runs it (None: it does not). A look-up that
+        fails is a failed try, retried: a new ingest token minted without knowing would replace the
+        one such a driver holds, and its submission would come back "already exists", i.e. as
+        success, leaving that driver's every report a 401."""
+        if not self._acting():
+            raise Deposed(f"job {job_id}: this replica no longer leads; not looking it up")
+        try:
+            return await asyncio.to_thread(self.launcher.find, job_id, attempt)
+        except Exception as e:  # the cluster unreachable, for now
+            n = await asyncio.to_thread(self.store.jobs.record_submit_failure, job_id)
+            msg = (
+                f"cannot look for an earlier submission of the driver on Ray: "
+                f"{type(e).__name__}: {e}"
+            )
+            log.warning("job %s: %s (try %d of %d)", job_id, msg, n, self.settings.submit_attempts)
+            if n >= self.settings.submit_attempts:
+                raise _SubmitGaveUp(f"{msg} (gave up after {n} tries)") from e
+            raise _SubmitRefused(msg) from e
 
     async def _try_submit(self, req: LaunchRequest) -> str | None:
+        """The submission id; None when the job was cancelled meanwhile."""
         job = await asyncio.to_thread(self.store.jobs.get, req.job_id)
         if job.cancel_requested or JobState(job.state).terminal:
             return None

@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from api.app import create_app
 from service.db import make_engine, migrate
+from service.launcher import LaunchRequest
 from service.leader import Leadership, ReplicaRefused, refuse_second_sqlite_replica
 from service.models import Transition
 from service.settings import Settings
@@ -211,4 +212,66 @@ def test_a_new_leader_adopts_a_driver_its_predecessor_submitted_but_did_not_reco
     assert got.submission_id == f"ringtrain-{job.id}-0" and got.state == "PLACING"
     assert got.ingest_token_hash == hash_token("the-token-the-driver-holds")
     assert launcher.submits == []
+    engine.dispose()
+
+
+def test_a_failed_look_up_mints_no_token_and_the_running_driver_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    """`launcher.find` raises (the cluster briefly unreachable) while the cluster already runs this
+    attempt's driver: no new token is minted on a guess (Ray would answer the resubmission "already
+    exists", i.e. success, and the driver's every report would be a 401); the look-up is retried,
+    finds the driver, adopts it. A look-up that keeps failing fails the job after
+    `submit_attempts` tries, like a submission, still with the token untouched."""
+    from service.controller import Controller
+    from service.store import hash_token
+    from tests.support.api_harness import RecordingLauncher, make_settings
+
+    class Unreachable(RecordingLauncher):
+        def __init__(self, failures: int) -> None:
+            super().__init__()
+            self.failures, self.looks = failures, 0
+
+        def find(self, job_id: str, attempt: int) -> str | None:
+            self.looks += 1
+            if self.looks <= self.failures:
+                raise ConnectionError("Ray dashboard unreachable")
+            return f"ringtrain-{job_id}-{attempt}"  # the earlier leader's submission runs
+
+        def submit(self, req: LaunchRequest) -> str:  # Ray: "already exists" counts as success
+            self.submits.append(req)
+            return f"ringtrain-{req.job_id}-{req.attempt}"
+
+    settings = make_settings(tmp_path, submit_attempts=2)
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    store = Store(engine)
+    held = hash_token("the-token-the-driver-holds")
+
+    def scenario(launcher: Unreachable) -> str:
+        job = store.jobs.create("alice", SPEC, "tok")
+        store.tokens.replace(job.id, held)
+
+        async def run() -> None:
+            controller = Controller(settings, store, launcher)
+            await controller.schedule_once()
+            await asyncio.gather(*controller._submitting.values())
+
+        asyncio.run(run())
+        return job.id
+
+    once = Unreachable(failures=1)
+    jid = scenario(once)
+    got = store.jobs.get(jid)
+    assert once.looks == 2 and once.submits == []  # looked again (after 2 s), submitted nothing
+    assert got.submission_id == f"ringtrain-{jid}-0" and got.state == "PLACING"
+    assert got.ingest_token_hash == held  # the running driver's reports still authenticate
+
+    down = Unreachable(failures=99)
+    jid = scenario(down)
+    got = store.jobs.get(jid)
+    assert down.looks == 2 and down.submits == [] and got.ingest_token_hash == held
+    assert got.state == "FAILED" and got.submission_id is None
+    why = store.jobs.transitions(jid)[-1].reason
+    assert why.startswith("cannot look for an earlier submission") and "gave up after 2" in why
     engine.dispose()
