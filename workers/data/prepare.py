@@ -14,12 +14,16 @@ shard (`<file key>-<part>.tokens.npy`, `.offsets.npy` and for chat `.mask.npy`) 
 beside DIR and returns its counts, or the error with file and line. The manifest is written last and the
 staging directory renamed into place (the previous version is renamed aside first and deleted after), so
 DIR is either the old dataset or the new one, never half of one; a prepare that died is cleaned up by the
-next one. DIR must be on a file system every Ray node sees (like the checkpoint directory).
+next one. Prepares into one DIR take turns on a lock beside it (`.<name>.lock`, fcntl, deleted
+when done): a second one waits, then finds the work done. DIR must be on a file system every Ray
+node sees (like the checkpoint directory). `--in-process` tokenizes in this process (no Ray).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -84,6 +88,21 @@ class Progress:
 
 
 ProgressFn = Callable[[Progress], None]
+
+
+@dataclass
+class Plan:
+    """What a prepare will produce, known before any tokenizing: the files (hashed, in chunks), the
+    tokenizer's record and the dataset id (a content address: the same plan, the same id)."""
+
+    source: str
+    tokenizer: str  # "bytes", or the model directory's absolute path
+    fmt: str
+    text_field: str
+    files: list[SourceFile]
+    info: dict[str, Any]
+    dataset_id: str
+    total_bytes: int
 
 
 # -- tokenizers ------------------------------------------------------------------------------------------------
@@ -445,32 +464,25 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
-def prepare(
+def plan(
     source: str | Path,
-    out: str | Path,
     *,
     tokenizer: str = BYTES,
     fmt: str = "text",
     text_field: str = "text",
-    ray_address: str | None = None,
-    num_cpus: int | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     progress: ProgressFn | None = None,
-    inline: bool = False,
-) -> dict[str, Any]:
-    """Prepare `source` into `out` (see the module docstring); returns the manifest. Idempotent.
-
-    `inline=True` tokenizes in this process instead of on Ray (tests and tiny corpora: no cluster start)."""
+) -> Plan:
+    """List, hash and chunk the source and hash the tokenizer: the dataset id before any work."""
     if fmt not in ("text", "chat"):
         raise PrepareError(f"--format must be 'text' or 'chat', got {fmt!r}")
-    out_dir = Path(out).resolve()
     if tokenizer != BYTES:
         tokenizer = str(Path(tokenizer).resolve())
     root, paths = list_sources(source)
     info = tokenizer_info(tokenizer, fmt)
     total = sum(p.stat().st_size for p in paths)
-    report = progress or (lambda p: None)
-    report(Progress(0, total, 0, 0, "hashing"))
+    if progress is not None:
+        progress(Progress(0, total, 0, 0, "hashing"))
     files = [plan_file(i, p, root, chunk_bytes) for i, p in enumerate(paths)]
     recipe = {
         "version": FORMAT_VERSION,
@@ -487,7 +499,79 @@ def prepare(
             {**recipe, "files": [[f.name, f.sha256] for f in files]}, sort_keys=True
         ).encode()
     ).hexdigest()[:16]
+    return Plan(str(source), tokenizer, fmt, text_field, files, info, dataset_id, total)
 
+
+@contextlib.contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold the lock file `lock` (fcntl; the kernel releases it if this process dies). The holder
+    deletes it before letting go, and a waiter that then wins a deleted file tries again, so no
+    lock file is left behind and no two holders ever coexist."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            now = os.stat(lock)
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                break
+        except FileNotFoundError:
+            pass  # deleted by the holder we waited for: take the next one
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def prepare(
+    source: str | Path,
+    out: str | Path,
+    *,
+    tokenizer: str = BYTES,
+    fmt: str = "text",
+    text_field: str = "text",
+    ray_address: str | None = None,
+    num_cpus: int | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    progress: ProgressFn | None = None,
+    inline: bool = False,
+    planned: Plan | None = None,
+) -> dict[str, Any]:
+    """Prepare `source` into `out` (see the module docstring); returns the manifest. Idempotent.
+
+    `inline=True` tokenizes in this process instead of on Ray (a training rank, tests and tiny
+    corpora: no cluster start); `planned` is this source's `plan(...)` when the caller made it."""
+    report = progress or (lambda p: None)
+    p = planned or plan(
+        source,
+        tokenizer=tokenizer,
+        fmt=fmt,
+        text_field=text_field,
+        chunk_bytes=chunk_bytes,
+        progress=report,
+    )
+    out_dir = Path(out).resolve()
+    with exclusive(_aside(out_dir, "lock")):  # one prepare at a time writes into out_dir
+        return _prepare_locked(p, out_dir, ray_address, num_cpus, report, inline)
+
+
+def _prepare_locked(
+    p: Plan,
+    out_dir: Path,
+    ray_address: str | None,
+    num_cpus: int | None,
+    report: ProgressFn,
+    inline: bool,
+) -> dict[str, Any]:
+    source, tokenizer, fmt, text_field = p.source, p.tokenizer, p.fmt, p.text_field
+    files, info, dataset_id, total = p.files, p.info, p.dataset_id, p.total_bytes
     recover(out_dir)
     old = read_manifest(out_dir)
     if out_dir.exists() and old is None and (not out_dir.is_dir() or any(out_dir.iterdir())):
@@ -687,6 +771,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json-progress", action="store_true", help="one JSON line per progress update"
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="tokenize in this process, without Ray (small corpora, tests)",
+    )
     args = parser.parse_args(argv)
 
     def show(p: Progress) -> None:
@@ -704,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
             text_field=args.text_field,
             ray_address=args.ray_address,
             progress=show,
+            inline=args.in_process,
         )
     except PrepareError as e:
         print(f"\nerror: {e}", file=sys.stderr)
