@@ -128,9 +128,8 @@ CPU_RUNTIME_BYTES = 330 * 10**6
 # the gathers and reduce-scatters around each block make fresh tensors: measured 30-70 MB more than the
 # terms below on CPU (tests/integration/test_memory_plan.py, ring 1 and 2 x tensor_size 2).
 CPU_RUNTIME_TP_BYTES = 40 * 10**6
-CPU_RUNTIME_HF_BYTES = (
-    100 * 10**6
-)  # a pretrained model's process also holds transformers' modules (measured)
+# A model kind's own share (a pretrained model's process also holds transformers' modules) is its
+# config class's `cpu_runtime_bytes` (`workers/config.py`).
 # The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit, measured,
 # in what the backward frees as it consumes saved tensors: bench/memory.py, BENCHMARKS.md "Memory per token".
 
@@ -204,9 +203,7 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
     chunk = min(LOSS_CHUNK_TOKENS, tokens)
     parts = {
         "runtime": (
-            CPU_RUNTIME_BYTES
-            + (CPU_RUNTIME_HF_BYTES if m.kind == "hf" else 0)
-            + (CPU_RUNTIME_TP_BYTES if T > 1 else 0)
+            CPU_RUNTIME_BYTES + m.cpu_runtime_bytes + (CPU_RUNTIME_TP_BYTES if T > 1 else 0)
         )
         if acc == "cpu"
         else 0,

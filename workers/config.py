@@ -76,6 +76,8 @@ class ModelConfig(StrictModel):
     tie_embeddings: bool = True
 
     shape_known: ClassVar[bool] = True  # the native model's sizes are the spec's own fields
+    # what a rank's process holds for this kind beyond ringtrain's own runtime, on CPU (the planner)
+    cpu_runtime_bytes: ClassVar[int] = 0
 
     @property
     def kv_heads(self) -> int:
@@ -439,6 +441,8 @@ class HFModelConfig(StrictModel):
     max_position_embeddings: int | None = Field(
         None, ge=16, le=MAX_SEQ_LEN, description="overrides config.json's"
     )
+
+    cpu_runtime_bytes: ClassVar[int] = 100 * 10**6  # transformers' modules (measured, on CPU)
 
     @field_validator("path")
     @classmethod

@@ -149,10 +149,8 @@ class ParallelDims:
 
     def seq_divisor(self, layout: str) -> int:
         """The global sequence length must be a multiple of this for `layout`."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        chunks_per_rank = 2 if layout == "zigzag" else 1
-        return self.ring_size * math.lcm(chunks_per_rank, self.ulysses_size * self.tensor_size)
+        chunks = chunks_per_rank(layout)
+        return self.ring_size * math.lcm(chunks, self.ulysses_size * self.tensor_size)
 
     def coordinates(self, rank: int) -> RankCoordinates:
         if not 0 <= rank < self.world_size:
@@ -195,6 +193,14 @@ class ParallelDims:
     def nodes_per_ring(self, assignments: Sequence[RankAssignment]) -> list[int]:
         """Per ring (as `rings` lists them): how many nodes it spans."""
         return [len({a.node_id for a in ring}) for ring in self.rings(assignments)]
+
+
+def chunks_per_rank(layout: str) -> int:
+    """How many equal chunks of the global sequence one ring rank holds under `layout`: zigzag pairs
+    an early chunk with a late one, the others hold one (`workers.attention.layouts`)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return 2 if layout == "zigzag" else 1
 
 
 # --- accelerator and bundles ------------------------------------------------------------------

@@ -8,18 +8,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-LAYOUTS = ("contiguous", "zigzag", "striped")
+from workers.parallel_dims import LAYOUTS as LAYOUTS  # re-exported: `workers.attention.LAYOUTS`
+from workers.parallel_dims import chunks_per_rank
 
 
 def check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    chunks_per_rank(layout)  # raises for a layout not in LAYOUTS
 
 
 def seq_multiple(layout: str, world: int) -> int:
     """The global sequence length must be a multiple of this."""
-    check_layout(layout)
-    return 2 * world if layout == "zigzag" else world
+    return chunks_per_rank(layout) * world
 
 
 def shard_positions(seq_len: int, layout: str, rank: int, world: int) -> torch.Tensor:

@@ -272,6 +272,26 @@ def construct_pretrained(cfg: HFModelConfig) -> PretrainedLM:
     return PretrainedLM(hf, source_dir=cfg.path)
 
 
+def pretrained_tp_plan(model: PretrainedLM) -> dict[str, str]:
+    """The family's per-block tensor-parallel plan: transformers' `base_model_tp_plan` (what it uses
+    for `tp_plan="auto"`), block-relative."""
+    config = model.config
+    plan = {}
+    for pattern, style in (getattr(config, "base_model_tp_plan", None) or {}).items():
+        if not pattern.startswith("layers.*."):
+            raise ValueError(
+                f"{config.model_type}: tensor-parallel plan entry {pattern!r} is outside the "
+                "decoder blocks; parallel.tensor_size supports per-block plans only"
+            )
+        plan[pattern.removeprefix("layers.*.")] = style
+    if not plan:
+        raise ValueError(
+            f"{config.model_type} has no tensor-parallel plan in transformers; "
+            "use parallel.tensor_size: 1"
+        )
+    return plan
+
+
 def load_pretrained_shards(model: PretrainedLM, cfg: HFModelConfig, spec: JobSpec) -> None:
     """Fill a sharded (or plain) model's allocated parameters from the directory's safetensors.
 

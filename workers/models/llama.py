@@ -279,6 +279,22 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+# The native model's tensor-parallel plan per block (`Block`; styles: `training/tensor_parallel`).
+NATIVE_PLAN: dict[str, str] = {
+    "attn.wq": "colwise",
+    "attn.wk": "colwise",
+    "attn.wv": "colwise",
+    "attn.wo": "rowwise",
+    "mlp.w_gate": "colwise",
+    "mlp.w_up": "colwise",
+    "mlp.w_down": "rowwise",
+}
+
+
+def native_tp_plan(model: Transformer) -> dict[str, str]:
+    return dict(NATIVE_PLAN)
+
+
 def build_model(cfg: ModelConfig, seed: int, activation_checkpointing: bool = False) -> Transformer:
     """Build and initialise on CPU in fp32 (identical on every rank and device type); move it yourself."""
     model = Transformer(cfg, activation_checkpointing)

@@ -3,9 +3,11 @@
 Every site that needs a kind's own behaviour looks its entry up here instead of branching on kind
 strings or model classes: `model_for` (an unsharded model for tools and tests), the trainer's
 meta-device `skeleton` and shard loading (`training/materialize.py`), `save_pretrained` (which gets
-only the model, hence `kind_of`) and `tokenizer_for`. The spec side, kind -> pydantic config class,
-is `workers.config.MODEL_CONFIGS`: the control plane validates specs without torch, so it cannot
-import this module; `register_model_kind` refuses an entry whose config class is not the one there.
+only the model, hence `kind_of`), `tokenizer_for` and the tensor-parallel plan
+(`training/tensor_parallel.plan_for`). The spec side, kind -> pydantic config class, is
+`workers.config.MODEL_CONFIGS`: the control plane validates and plans specs without torch, so it
+cannot import this module (what it needs of a kind, such as sizes and `cpu_runtime_bytes`, is on the
+config class); `register_model_kind` refuses an entry whose config class is not the one there.
 
 A new kind takes: its config class in `workers/config.py` (added to `ModelSection`), a module in
 `workers/models/` with its `RingModel` subclass and hooks, and one `register_model_kind` call below.
@@ -13,7 +15,7 @@ A new kind takes: its config class in `workers/config.py` (added to `ModelSectio
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -31,8 +33,9 @@ from workers.models.hf import (
     build_pretrained,
     construct_pretrained,
     load_pretrained_shards,
+    pretrained_tp_plan,
 )
-from workers.models.llama import Transformer, build_model
+from workers.models.llama import Transformer, build_model, native_tp_plan
 from workers.models.llama import init_shards as init_native_shards
 
 C = TypeVar("C", bound=BaseModel)
@@ -55,6 +58,8 @@ class ModelKind(Generic[C, M]):
     # the full state -> a transformers directory
     export: Callable[[M, dict[str, torch.Tensor], Path, int], None]
     tokenizer: Callable[[C], Tokenizer]  # what data and evals encode text with
+    # per block: block-relative module name (fnmatch) -> style (`training/tensor_parallel.py`)
+    tp_plan: Callable[[M], Mapping[str, str]]
 
 
 _KINDS: dict[str, ModelKind[Any, Any]] = {}
@@ -123,6 +128,7 @@ register_model_kind(
         load_shards=init_native_shards,
         export=write_native,
         tokenizer=_byte_tokenizer,
+        tp_plan=native_tp_plan,
     )
 )
 register_model_kind(
@@ -135,6 +141,7 @@ register_model_kind(
         load_shards=load_pretrained_shards,
         export=write_pretrained,
         tokenizer=_pretrained_tokenizer,
+        tp_plan=pretrained_tp_plan,
     )
 )
 

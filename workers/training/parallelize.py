@@ -44,6 +44,7 @@ from torch.distributed.fsdp import (
 from torch.utils.checkpoint import checkpoint
 
 from workers.config import mlp_tiles
+from workers.models import RingModel
 from workers.training.mesh import Mesh
 from workers.training.offload import BlockInputOffload, offload_block_inputs
 from workers.training.tensor_parallel import TensorParallel, apply_tensor_parallel
@@ -148,9 +149,7 @@ def parallelize(
 
 
 def _hidden_size(model: nn.Module) -> int:
-    """d_model of either model kind (native `cfg.d_model`, transformers' `config.hidden_size`)."""
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None:
-        return int(cfg.d_model)
-    hidden: int = getattr(model, "config").hidden_size  # noqa: B009  (PretrainedLM.config is a property)
-    return int(hidden)
+    """d_model of any model kind: the LM head is [vocab, hidden] (`RingModel.output_weight`)."""
+    if not isinstance(model, RingModel):
+        raise TypeError(f"a tiled MLP needs a RingModel, not a {type(model).__name__}")
+    return int(model.output_weight.shape[1])

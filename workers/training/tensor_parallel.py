@@ -18,12 +18,13 @@ embedding's output is sliced into the pieces and the final norm's input gathered
 the embedding and head see the whole local sequence on every tensor rank, and their gradients agree
 without communication (the trainer counts a tensor group's tokens once).
 
-Plans (`plan_for`): the native model's is written here; a pretrained family's comes from its
-transformers config (`base_model_tp_plan`, the plan transformers itself uses for `tp_plan="auto"`),
-translated into DTensor styles. Its `replicated_with_grad_allreduce` entries (qwen3's per-head q/k
-norms) are parameters that each tensor rank applies to its own heads only: their gradients are
-partial sums, added over the tensor group after backward (`TensorParallel.finish_gradients`).
-Any other style is refused by name.
+Plans (`plan_for`) are each model kind's (`ModelKind.tp_plan` in `workers/models/registry.py`): the
+native model's is `NATIVE_PLAN` (`models/llama.py`); a pretrained family's comes from its
+transformers config (`base_model_tp_plan`, the plan transformers itself uses for `tp_plan="auto"`,
+read in `models/hf.py`), translated here into DTensor styles. Its `replicated_with_grad_allreduce`
+entries (qwen3's per-head q/k norms) are parameters that each tensor rank applies to its own heads
+only: their gradients are partial sums, added over the tensor group after backward
+(`TensorParallel.finish_gradients`). Any other style is refused by name.
 """
 
 from __future__ import annotations
@@ -47,18 +48,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from workers.models import RingModel
-
-# The native model's plan, per block (`workers.models.llama.Block`).
-NATIVE_PLAN: dict[str, str] = {
-    "attn.wq": "colwise",
-    "attn.wk": "colwise",
-    "attn.wv": "colwise",
-    "attn.wo": "rowwise",
-    "mlp.w_gate": "colwise",
-    "mlp.w_up": "colwise",
-    "mlp.w_down": "rowwise",
-}
+from workers.models import RingModel, kind_of
 
 
 class _SequentialCollectivesHint(logging.Filter):
@@ -94,24 +84,7 @@ class TensorParallel:
 
 def plan_for(model: nn.Module) -> dict[str, str]:
     """The per-block plan (block-relative module name -> style) of `model`'s kind."""
-    config = getattr(model, "config", None)
-    if getattr(model, "cfg", None) is not None or config is None:
-        return dict(NATIVE_PLAN)
-    base = getattr(config, "base_model_tp_plan", None) or {}
-    plan = {}
-    for pattern, style in base.items():
-        if not pattern.startswith("layers.*."):
-            raise ValueError(
-                f"{config.model_type}: tensor-parallel plan entry {pattern!r} is outside the "
-                "decoder blocks; parallel.tensor_size supports per-block plans only"
-            )
-        plan[pattern.removeprefix("layers.*.")] = style
-    if not plan:
-        raise ValueError(
-            f"{config.model_type} has no tensor-parallel plan in transformers; "
-            "use parallel.tensor_size: 1"
-        )
-    return plan
+    return dict(kind_of(model).tp_plan(model))
 
 
 def _to_full(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:

@@ -5,7 +5,7 @@ reservation, the trainer's mesh) gives the same answer where the copies disagree
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -13,11 +13,13 @@ from service.admission import Free, demand_of, uses_gpus
 from service.capacity import resolve_accelerator as resolve_for_cluster
 from service.launcher import ClusterInfo, NodeInfo
 from service.planner import plan
+from workers.attention import layouts
 from workers.attention.ulysses import usp_group_ranks
-from workers.config import JobSpec, seq_multiple
+from workers.config import JobSpec, Layout, seq_multiple
 from workers.orchestration.placement import capacity_shortfall
 from workers.orchestration.reservation import wants_gpus
 from workers.parallel_dims import (
+    LAYOUTS,
     PACK,
     STRICT_PACK,
     ParallelDims,
@@ -65,6 +67,14 @@ def test_shape_degrees_group_divisor_and_words() -> None:
         dims.seq_divisor("diagonal")
     spec = _spec(4, ulysses=2, dp=2)
     assert ParallelDims.of(spec.parallel) == dims and spec.world_size == 16
+
+
+def test_a_layout_is_named_once() -> None:
+    """The spec's `Layout`, the attention's sharding and the divisor all follow `LAYOUTS`."""
+    assert sorted(get_args(Layout)) == sorted(LAYOUTS) and layouts.LAYOUTS is LAYOUTS
+    for layout in LAYOUTS:
+        assert layouts.seq_multiple(layout, 3) == ParallelDims(ring_size=3).seq_divisor(layout)
+        assert len(layouts.shard_positions(6 * 4, layout, 1, 3)) == 8
 
 
 def test_config_refuses_a_length_the_shape_cannot_split() -> None:

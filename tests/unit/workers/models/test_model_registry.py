@@ -30,7 +30,7 @@ from workers.models import (
     save_pretrained,
 )
 from workers.models.export import write_native
-from workers.models.llama import init_shards
+from workers.models.llama import init_shards, native_tp_plan
 from workers.models.registry import ModelKind, kind_for, kind_of, model_kind, register_model_kind
 from workers.training.materialize import materialize, skeleton
 
@@ -127,6 +127,7 @@ def toy_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             load_shards=init_shards,
             export=_toy_export,
             tokenizer=lambda cfg: ToyTokenizer(),
+            tp_plan=native_tp_plan,
         )
     )
     yield
