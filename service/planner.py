@@ -338,7 +338,7 @@ def plan(spec: JobSpec, cluster: ClusterInfo) -> Plan:
     out.fits = True
     out.nodes_used = len(per_node)
     for a in assignments:
-        slot = RankSlot(rank=a.rank, ring=a.replica, node_id=a.node_id, device=a.device)
+        slot = RankSlot(rank=a.rank, ring=a.ring, node_id=a.node_id, device=a.device)
         out.placement.append(slot)
     out.node_crossings = dims.node_crossings(assignments)
     if acc == "gpu" and (split := suggest_split(spec, nodes)) is not None:

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
@@ -164,7 +164,16 @@ class ParallelDims:
         )
 
     def order_ranks(self, locations: Sequence[WorkerLocation]) -> list[RankAssignment]:
-        return order_ranks(locations, self.replica_size, self.data_parallel, self.tensor_size)
+        assignments = order_ranks(
+            locations, self.replica_size, self.data_parallel, self.tensor_size
+        )
+        return [replace(a, ring=self.ring_index(a.rank)) for a in assignments]
+
+    def ring_index(self, rank: int) -> int:
+        """Which ring `rank` belongs to, numbered as `rings` lists them: (dp_index, ulysses_rank,
+        tp_rank) in row-major order. Equal to the data-parallel replica when U = T = 1."""
+        at = self.coordinates(rank)
+        return (at.dp_index * self.ulysses_size + at.ulysses_rank) * self.tensor_size + at.tp_rank
 
     def rings(self, assignments: Sequence[RankAssignment]) -> list[list[RankAssignment]]:
         """Each ring's ranks in ring order (ring_rank 0, 1, ...): the ranks sharing dp_index,
@@ -276,6 +285,9 @@ class RankAssignment:
     local_world_size: int
     visible_devices: tuple[str, ...]  # sorted union of the node's GPU ids (empty on CPU)
     device: str  # "cuda:<k>" or "cpu"
+    ring: int = (
+        0  # the ring it belongs to (`ParallelDims.ring_index`; set by ParallelDims.order_ranks)
+    )
 
 
 def _gpu_key(gpu_id: str) -> tuple[int, int | str]:

@@ -56,7 +56,11 @@ class RankPlacement(_Wire):
     node_ip: str | None = None
     device: str
     ring: int = Field(
-        0, ge=0, le=SMALL, description="data-parallel replica this rank's ring belongs to"
+        0,
+        ge=0,
+        le=SMALL,
+        description="the ring this rank belongs to (ranks of one data-parallel replica, Ulysses "
+        "rank and tensor rank; the replica itself when ulysses_size = tensor_size = 1)",
     )
 
 

@@ -92,7 +92,7 @@ class RankGroup:
                 node_id=a.node_id,
                 node_ip=a.node_ip,
                 device=a.device,
-                ring=a.replica,
+                ring=a.ring,
             )
             for a in self.assignments
         ]

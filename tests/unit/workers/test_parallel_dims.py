@@ -266,6 +266,10 @@ def test_crossings_follow_the_rings_not_consecutive_ranks(
         assert [dims.coordinates(a.rank).ring_rank for a in ring] == list(range(dims.ring_size))
     assert dims.node_crossings(ranks) == sum(crossings)
     assert dims.nodes_per_ring(ranks) == [min(2, len(ring)) for ring in rings]
+    # each rank carries its ring's index (what the placement reports and the dashboard draws)
+    assert [[a.ring for a in ring] for ring in dims.rings(ranks)] == [
+        [i] * len(ring) for i, ring in enumerate(rings)
+    ]
 
 
 _RING_2_TENSOR_2 = {
@@ -284,6 +288,7 @@ def test_the_preview_counts_ring_crossings_under_tensor_parallelism() -> None:
     preview = plan(spec, ClusterInfo(nodes=nodes))
     assert preview.fits and preview.nodes_used == 2
     assert [s.node_id for s in preview.placement] == ["n0", "n0", "n1", "n1"]
+    assert [s.ring for s in preview.placement] == [0, 1, 0, 1]  # rings 0<->2 and 1<->3
     assert preview.node_crossings == 4
 
 
