@@ -65,6 +65,9 @@ class Metric:
     per_rank: bool = False  # each rank emits its own value (MetricPoint.rank set)
     view: View = "line"
     grid: tuple[str, str] | None = None  # (row field, column field) of a "grid" family
+    # a "line" family also drawn as a profile: x = this field's values (ordered numerically), y =
+    # the latest evaluation's value of each member, and the first evaluation's as a second series
+    profile: str | None = None
     column: bool = False  # a column of the jobs list (dashboard and `ringtrain list`)
     progress: bool = False  # on the `ringtrain submit --follow` progress line
     key: str = ""  # stable id for dashboard element ids; the name unless set (families set one)
@@ -121,6 +124,7 @@ class Metric:
             "fields": list(self.fields),
             "regex": self.regex,
             "grid": None if self.grid is None else {"rows": self.grid[0], "columns": self.grid[1]},
+            "profile": self.profile,
             "column": self.column,
             "progress": self.progress,
         }
@@ -205,6 +209,7 @@ VAL_LOSS_POS = Metric(
     group="validation",
     description="held-out loss of the tokens in one position bucket (lower later: context used)",
     format="fixed",
+    profile="pos",
 )
 PASSKEY_ACC = Metric(
     name="passkey_acc",
@@ -370,6 +375,8 @@ def check(catalog: tuple[Metric, ...] = CATALOG) -> None:
         grid_ok = m.grid is not None and set(m.grid) == set(m.fields) and len(m.fields) == 2
         if m.view == "grid" and not grid_ok:
             raise ValueError(f"{where}: a grid needs two fields, named in grid=(rows, columns)")
+        if m.profile is not None and (m.view != "line" or m.fields != (m.profile,)):
+            raise ValueError(f"{where}: a profile is a line family of one field, named in profile=")
         if (m.column or m.progress) and (m.family or m.per_rank):
             raise ValueError(f"{where}: list columns and the progress line show one global value")
 

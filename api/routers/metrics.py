@@ -42,6 +42,11 @@ class MetricInfo(BaseModel):
     fields: list[str] = Field(description="a family's fields in regex group order; [] for a name")
     regex: str = Field(description="anchored name test, a group per field (Python and JS syntax)")
     grid: GridAxes | None = Field(description="for view grid: which fields are rows and columns")
+    profile: str | None = Field(
+        default=None,
+        description="a line family also drawn against this field (x, ordered numerically): the "
+        "latest and the first evaluation's value of each member",
+    )
     column: bool = Field(description="a column of the jobs list")
     progress: bool = Field(description="shown on the CLI's --follow progress line")
 

@@ -308,6 +308,7 @@ def test_a_metric_only_the_catalog_knows_is_charted(page: Any, server: Any) -> N
         "#validation",
         "val_loss",
         "val_loss_pos",
+        "val_loss_pos-profile",  # the family's profile (the catalog's `profile`), after its chart
     ]
     # the family: one chart, one series per bucket in numeric order, the catalog's fixed format
     labels = page.locator("#chart-val_loss_pos .u-legend .u-series .u-label").all_inner_texts()
@@ -332,6 +333,54 @@ def test_a_metric_only_the_catalog_knows_is_charted(page: Any, server: Any) -> N
     d.post([d.item("metric", step=6, name="val_loss", value=1.4)])
     wait_js(page, "() => Number(document.querySelector('#chart-val_loss').dataset.points) === 6")
     shot(page, "dashboard-catalog")
+
+
+def test_held_out_loss_is_charted_against_position(page: Any, server: Any) -> None:
+    """The catalog's `profile` on val_loss/pos={pos}: a chart with x = the position buckets in
+    numeric order (not text order: 1024-2048 after 128-256), y = the latest eval's value of each
+    bucket, and the first eval's as a second series; a new eval over the stream moves the latest."""
+    buckets = ["0-64", "64-128", "128-256", "256-512", "512-1024", "1024-2048"]
+
+    def evaluation(d: Driver, step: int, drop: float) -> list[dict[str, Any]]:
+        # posted in text order, reversed: the chart's order comes from the numbers alone
+        return [
+            d.item("metric", step=step, name=f"val_loss/pos={b}", value=round(3 - drop * i, 3))
+            for i, b in sorted(enumerate(buckets), key=lambda ib: ib[1], reverse=True)
+        ]
+
+    job = create_job(server, {**SPEC, "name": "profile"})
+    d = start_running(server, job["id"], ranks=4)
+    d.post([*step_items(d, 1), *evaluation(d, 2, 0.0)])  # before training: flat
+    d.post([*step_items(d, 3), *evaluation(d, 4, 0.1)])  # later: lower at long positions
+    goto(page, server, f"#/jobs/{job['id']}")
+    fig = page.locator("#profile-val_loss_pos")
+    # the snapshot's members are drawn as they are read: wait for all of them
+    wait_js(
+        page,
+        "(x) => { const d = document.querySelector('#profile-val_loss_pos')?.dataset;"
+        " return d && d.step === '4' && d.x === JSON.stringify(x); }",
+        buckets,
+    )
+    data = page.evaluate("() => ({...document.querySelector('#profile-val_loss_pos').dataset})")
+    assert json.loads(data["x"]) == buckets
+    assert json.loads(data["points"]) == [3.0, 2.9, 2.8, 2.7, 2.6, 2.5]
+    assert json.loads(data["first"]) == [3.0] * 6 and data["firstStep"] == "2"
+    assert fig.locator("figcaption").inner_text().startswith("Validation loss by position")
+    labels = fig.locator(".u-legend .u-series .u-label").all_inner_texts()
+    assert labels == ["pos", "latest (step 4)", "first (step 2)"]
+    # live: the next eval replaces the latest series (its points arrive one by one); the first stays
+    d.post(evaluation(d, 6, 0.2))
+    latest = [3.0, 2.8, 2.6, 2.4, 2.2, 2.0]
+    wait_js(
+        page,
+        "(want) => document.querySelector('#profile-val_loss_pos').dataset.points"
+        " === JSON.stringify(want)",
+        latest,
+    )
+    data = page.evaluate("() => ({...document.querySelector('#profile-val_loss_pos').dataset})")
+    assert json.loads(data["x"]) == buckets and data["step"] == "6" and data["firstStep"] == "2"
+    assert json.loads(data["points"]) == latest
+    shot(page, "dashboard-val-loss-profile")
 
 
 def test_a_stale_read_of_the_job_does_not_undo_a_newer_state(page: Any, server: Any) -> None:

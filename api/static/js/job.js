@@ -10,6 +10,7 @@ import { mountArtifacts } from "./artifacts.js";
 import { LiveChart, timings } from "./charts.js";
 import { renderGrid } from "./grid.js";
 import { Catalog, loadCatalog, naturalCompare } from "./metrics.js";
+import { ProfileChart } from "./profile.js";
 import { renderRing } from "./ring.js";
 import { age, clock, fmtNum, fmtSeconds, h, progress, stateBadge, TERMINAL } from "./util.js";
 
@@ -35,6 +36,7 @@ export function mountJob(root, jobId) {
   const groupHeads = new Map(); // group id -> its heading, shown once the group has a chart
   const grids = new Map(); // grid entry key -> {metric, cells: Map name -> {fields, value}}
   const stats = new Map(); // "name|rank" -> {metric, label, step, value} of "stat" entries
+  const profiles = new Map(); // entry key -> ProfileChart of a family with `profile` set
   let otherCharts = 0;
   const timers = new Set();
 
@@ -156,6 +158,7 @@ export function mountJob(root, jobId) {
     gridsBox.replaceChildren(...(shown.length ? shown.map((g) => renderGrid(g.metric, g.cells))
       : [h("p.muted", {}, "No evaluation grid yet (it runs at the evaluation interval).")]));
   }, 500);
+  const renderProfilesSoon = throttled(() => { for (const p of profiles.values()) p.draw(); }, 300);
   const renderStatsSoon = throttled(() => {
     const byMetric = new Map();
     for (const st of stats.values()) {
@@ -184,6 +187,11 @@ export function mountJob(root, jobId) {
         const slot = h("div.chart-slot");
         slots.set(m.key, slot);
         chartsGrid.append(slot);
+        if (m.profile) { // its profile chart follows the family's chart
+          const at = h("div.chart-slot");
+          slots.set(`profile:${m.key}`, at);
+          chartsGrid.append(at);
+        }
       }
       const rest = h("div.chart-slot"); // the group's charts of names the catalog lacks
       slots.set(`group:${g.id}`, rest);
@@ -260,6 +268,7 @@ export function mountJob(root, jobId) {
       renderRingSoon();
     }
     const hit = catalog.lookup(name);
+    if (hit?.metric.profile) notePoints(hit, [step], [value]);
     if (hit?.metric.view === "grid") {
       const key = hit.metric.key;
       if (!grids.has(key)) grids.set(key, { metric: hit.metric, cells: new Map() });
@@ -271,6 +280,18 @@ export function mountJob(root, jobId) {
       stats.set(`${name}|${rank ?? ""}`, { metric: hit.metric, label, step, value });
       renderStatsSoon();
     }
+  }
+
+  /** Points of a profile family's member (its entry's `profile` field is the chart's x). */
+  function notePoints(hit, steps, values) {
+    const key = hit.metric.key;
+    let chart = profiles.get(key);
+    if (!chart) {
+      chart = new ProfileChart(slots.get(`profile:${key}`) || chartsGrid, hit.metric);
+      profiles.set(key, chart);
+    }
+    steps.forEach((s, i) => chart.push(hit.fields, s, values[i]));
+    renderProfilesSoon();
   }
 
   function onMetric(p) {
@@ -292,6 +313,8 @@ export function mountJob(root, jobId) {
     loadAudit();
     if (t.resume_step !== null && t.resume_step !== undefined) {  // a retry, or a resubmitted driver
       for (const c of charts.values()) c.truncateAfter(t.resume_step);
+      for (const c of profiles.values()) c.truncateAfter(t.resume_step);
+      renderProfilesSoon();
     }
     if (job) { job.state = t.to; renderHead(); }
     refreshJob();
@@ -372,6 +395,10 @@ export function mountJob(root, jobId) {
         }
         const n = s.value.length;
         if (n) notePoint(s.name, s.rank, s.step[n - 1], s.value[n - 1]);
+        const hit = catalog.lookup(s.name);  // a profile shows the first evaluation too
+        if (n > 1 && hit?.metric.profile) {
+          notePoints(hit, s.step.slice(0, -1), s.value.slice(0, -1));
+        }
       }
       for (const [chart, list] of byChart) chart.load(list);
       for (const l of snap.logs) onLog(l);
@@ -412,5 +439,6 @@ export function mountJob(root, jobId) {
     if (stopEvents) stopEvents();
     for (const t of timers) clearTimeout(t);
     for (const c of charts.values()) c.destroy();
+    for (const c of profiles.values()) c.destroy();
   };
 }

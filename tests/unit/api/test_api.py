@@ -574,6 +574,7 @@ def test_metric_catalog_route(srv):
         "fields": [],
         "regex": "^loss$",
         "grid": None,
+        "profile": None,
         "column": True,
         "progress": True,
     }
@@ -589,6 +590,7 @@ def test_metric_catalog_route(srv):
     # the metrics other parts emit soon are listed already (they have no data until then)
     assert by_name["val_loss"]["group"] == by_name["val_loss/pos={pos}"]["group"] == "validation"
     assert by_name["val_loss/pos={pos}"]["fields"] == ["pos"]
+    assert by_name["val_loss/pos={pos}"]["profile"] == "pos"  # also charted against position
     assert by_name["verify_max_rel_err"]["view"] == "stat"
     assert [m["name"] for m in body["metrics"] if m["column"]] == ["loss", "tokens_per_s"]
     assert set(body["formats"]) >= {m["format"] for m in body["metrics"]}

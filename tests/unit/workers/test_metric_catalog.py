@@ -60,6 +60,15 @@ def test_check_refuses_entries_the_dashboard_cannot_show() -> None:
             description="d",
             view="grid",
         ),
+        "a line family of one field": Metric(
+            name="x/{a}/{b}",
+            key="xab",
+            title="X",
+            unit="",
+            group="validation",
+            description="d",
+            profile="a",
+        ),
         "one global value": Metric(
             name="y",
             title="Y",
