@@ -129,9 +129,12 @@ def parse_spec(body: bytes, content_type: str | None) -> JobSpec:
 
 
 def check_data_path(spec: JobSpec, roots: list[Path]) -> None:
-    """`data.path` must resolve (symlinks included) inside one of the allowed data roots."""
+    """`data.path` (and a held-out dataset's `data.validation`) must resolve (symlinks included)
+    inside one of the allowed data roots."""
     if spec.data.kind in ("text", "tokens"):
         check_path_in_roots(spec.data.path, roots, "data.path")
+    if spec.data.kind == "tokens" and isinstance(spec.data.validation, str):
+        check_path_in_roots(spec.data.validation, roots, "data.validation")
 
 
 def check_path_in_roots(path: str, roots: list[Path], field: str) -> Path:

@@ -190,11 +190,10 @@ class TokensData(StrictModel):
         description="documents: whole documents packed into each sequence, positions restarting per document, no "
         "attention across documents; windows: the documents as one stream cut into seq_len windows",
     )
-    validation: float = Field(
+    validation: float | str = Field(
         0.0,
-        ge=0.0,
-        le=0.5,
-        description="share of documents held out for val_loss at every eval (0: none)",
+        description="share of documents of `path` held out for val_loss at every eval (0 to 0.5; "
+        "0: none), or a prepared dataset directory of held-out documents (same tokenizer)",
     )
 
     @field_validator("path")
@@ -202,6 +201,25 @@ class TokensData(StrictModel):
     def _printable(cls, v: str) -> str:
         if not v.isprintable():
             raise ValueError("must not contain control or other non-printable characters")
+        return v
+
+    @field_validator("validation", mode="before")
+    @classmethod
+    def _share_or_path(cls, v: object) -> object:
+        if isinstance(v, bool):
+            raise ValueError("must be a share of documents (0 to 0.5) or a dataset directory")
+        if isinstance(v, str):
+            text = v
+            try:  # PyYAML reads 1e-2 as text: a number is a share, not a path
+                v = float(text)
+            except ValueError:
+                if not text or len(text) > 4096 or not text.isprintable():
+                    raise ValueError(
+                        "a dataset directory: 1 to 4096 printable characters"
+                    ) from None
+                return text
+        if isinstance(v, int | float) and not 0.0 <= v <= 0.5:
+            raise ValueError("a share of documents must be between 0 and 0.5")
         return v
 
 

@@ -3,6 +3,7 @@
 Split: with `validation` v > 0 every k-th document (k = round(1/v); document i with i % k == k - 1) is held
 out, so held-out documents are spread over every file and the split never depends on the seed or on
 anything but the document count. Training document j is document j + j // (k - 1).
+With `validation` a path, the held-out documents are that prepared dataset's and all of `path` trains.
 
 Order: each epoch visits the training material in an affine permutation i -> (a·i + b) mod n with a
 coprime to n, a and b drawn from (seed, epoch). It is a true permutation that costs O(1) memory and
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from workers.data.batch import Batch
-from workers.data.dataset import PreparedDataset, open_dataset
+from workers.data.dataset import DatasetError, PreparedDataset, open_dataset
 from workers.data.passkey import sample_generator
 
 
@@ -90,7 +91,7 @@ class TokensSource:
         seq_len: int,
         seed: int,
         pack: str = "documents",
-        validation: float = 0.0,
+        validation: float | str | Path = 0.0,
         vocab_size: int | None = None,
     ) -> None:
         self.ds = path if isinstance(path, PreparedDataset) else open_dataset(path)
@@ -100,8 +101,14 @@ class TokensSource:
                 f"vocabulary ({vocab_size}); prepare it with the model's tokenizer"
             )
         self.seq_len, self.seed, self.pack = seq_len, seed, pack
-        every = holdout_every(validation)
-        self.train, self.val = _Split(self.ds, every, False), _Split(self.ds, every, True)
+        if isinstance(validation, str | Path):  # a prepared dataset of held-out documents
+            self.train, self.val = (
+                _Split(self.ds, 0, False),
+                _Split(self._held_out(validation), 0, False),
+            )
+        else:
+            every = holdout_every(validation)
+            self.train, self.val = _Split(self.ds, every, False), _Split(self.ds, every, True)
         if self.train.n == 0:
             raise ValueError(f"data.path {self.ds.path}: no training documents")
         eos = self.ds.tokenizer.get("eos_id")
@@ -119,6 +126,18 @@ class TokensSource:
                 raise ValueError(
                     f"data.path {self.ds.path}: fewer training tokens than seq_len + 1"
                 )
+
+    def _held_out(self, path: str | Path) -> PreparedDataset:
+        try:
+            val = open_dataset(path)
+        except DatasetError as e:
+            raise DatasetError(f"data.validation: not a prepared dataset: {e}") from e
+        if val.tokenizer.get("sha256") != self.ds.tokenizer.get("sha256"):
+            raise DatasetError(
+                f"data.validation {val.path}: prepared with another tokenizer than data.path "
+                f"{self.ds.path}; prepare both with the same one"
+            )
+        return val
 
     # -- documents -------------------------------------------------------------------------------------------
     def _train_doc(self, epoch: int, j: int) -> int:
@@ -173,7 +192,10 @@ class TokensSource:
             _, start = self._advance(start)
         return start
 
-    def _packed(self, pieces: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
+    def _packed(
+        self, pieces: list[tuple[int, int]], ds: PreparedDataset | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        ds = ds or self.ds
         s = self.seq_len
         inputs = np.full(s, self.pad_id, dtype=np.int64)
         labels = np.full(s, self.pad_id, dtype=np.int64)
@@ -181,9 +203,9 @@ class TokensSource:
         positions = np.zeros(s, dtype=np.int64)
         bounds, at = [0], 0
         for doc, piece in pieces:
-            start, stop = self.ds.doc_span(doc)
+            start, stop = ds.doc_span(doc)
             lo = start + piece * s
-            tokens, mask = self.ds.read(lo, min(stop, lo + s))
+            tokens, mask = ds.read(lo, min(stop, lo + s))
             n = len(tokens)
             inputs[at : at + n] = tokens
             labels[at : at + n - 1] = tokens[1:]
@@ -271,17 +293,17 @@ class TokensSource:
         j = 0
         while len(seqs) < want and j < self.val.n * 64:  # bounded even when every document is tiny
             doc = self.val.doc(j % self.val.n)
-            length = self.ds.doc_length(doc)
+            length = self.val.ds.doc_length(doc)
             for piece in range(self._pieces(length)):
                 n = min(self.seq_len, length - piece * self.seq_len)
                 if used + n > self.seq_len and pieces:
-                    seqs.append(self._packed(pieces))
+                    seqs.append(self._packed(pieces, self.val.ds))
                     pieces, used = [], 0
                 pieces.append((doc, piece))
                 used += n
             j += 1
         if pieces and len(seqs) < want:
-            seqs.append(self._packed(pieces))
+            seqs.append(self._packed(pieces, self.val.ds))
         if not seqs:
             return []
         while len(seqs) < want:

@@ -1,4 +1,5 @@
-"""Held-out loss of a prepared dataset (`data.validation` > 0): `val_loss` and `val_loss/pos=<lo>-<hi>`.
+"""Held-out loss of a prepared dataset (`data.validation` > 0, or the path of a held-out dataset):
+`val_loss` and `val_loss/pos=<lo>-<hi>`.
 
 The same held-out batches at every eval (`TokensSource.validation_batches`), sharded like training
 batches, forward only. Every weighted token loss is summed into a bucket by its position inside its

@@ -724,6 +724,28 @@ def test_data_path_outside_roots(
     ), message
 
 
+@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/plan"])
+def test_a_held_out_dataset_outside_roots_is_refused(
+    srv: Server, data_root: Path, route: str
+) -> None:
+    """`data.validation` as a path is read like `data.path`: inside the data roots or refused."""
+    body = spec(
+        data={"kind": "tokens", "seq_len": 128, "path": str(data_root), "validation": "/etc"}
+    )
+    status, code, got_field, message, submits, _listed, stored, health = outcome(
+        srv, post(srv, route, Case("validation-out", body, J, 0, "", None, ""))
+    )
+    assert (status, code, got_field, submits, stored, health) == (
+        422,
+        "validation_error",
+        "data.validation",
+        0,
+        0,
+        200,
+    ), message
+    assert "outside the allowed data roots" in message
+
+
 def test_printable_unicode_names_are_accepted(tmp_path: Path) -> None:
     """The other side of the name rule: any printable script, emoji included, is a valid name and round-trips."""
     names = ["训练-ジョブ", "🚀 long context", "naïve résumé", "العربية", "Ωμέγα-16k", "a b.c_d-e"]
