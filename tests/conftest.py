@@ -10,8 +10,11 @@ Helpers shared by several modules live in `support/`."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONPATH", str(ROOT))
+if "RINGTRAIN_DATA_CACHE" not in os.environ:  # kind: text corpora: one cache per run, not ~/.cache
+    _data_cache = tempfile.mkdtemp(prefix="ringtrain-data-cache-")
+    os.environ["RINGTRAIN_DATA_CACHE"] = _data_cache
+    atexit.register(shutil.rmtree, _data_cache, True)
 
 from tests.support.ray_fixtures import ray_head, report_receiver  # noqa: E402, F401  (session Ray head, report receiver)
 

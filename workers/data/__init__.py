@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from workers.config import JobSpec
 from workers.data.batch import Batch, from_windows, take_shard
+from workers.data.cache import CachedTextSource, cached_dataset
 from workers.data.dataset import DatasetError, PreparedDataset, open_dataset
 from workers.data.pack import PackedTextSource
 from workers.data.passkey import PasskeySample, PasskeySource, make_sample, sample_generator
+from workers.data.prepare import BYTES
 from workers.data.text import TextSource, load_corpus
-from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer, tokenizer_for
+from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer, HFTokenizer, tokenizer_for
 from workers.data.tokens import TokensSource
 
-DataSource = PasskeySource | TextSource | PackedTextSource | TokensSource
+DataSource = PasskeySource | TextSource | PackedTextSource | TokensSource | CachedTextSource
 
 
 def build_source(spec: JobSpec) -> DataSource:
@@ -28,15 +30,24 @@ def build_source(spec: JobSpec) -> DataSource:
     if d.kind == "tokens":
         vocab = spec.model.vocab_size if spec.model.kind == "native" else None
         return TokensSource(d.path, d.seq_len, seed, d.pack, d.validation, vocab_size=vocab)
-    if d.pack == "documents":
-        return PackedTextSource(d.path, d.seq_len, seed, d.text_field, tokenizer_for(spec))
-    return TextSource(d.path, d.seq_len, seed, d.text_field, tokenizer_for(spec))
+    # kind: text: prepared once into the cache (workers/data/cache.py), then read like kind: tokens
+    tok = tokenizer_for(spec)
+    return CachedTextSource(
+        d.path,
+        d.seq_len,
+        seed,
+        d.pack,
+        d.text_field,
+        tokenizer=tok.path if isinstance(tok, HFTokenizer) else BYTES,
+        vocab_size=spec.model.vocab_size if spec.model.kind == "native" else None,
+    )
 
 
 __all__ = [
     "VOCAB_SIZE",
     "Batch",
     "ByteTokenizer",
+    "CachedTextSource",
     "DataSource",
     "DatasetError",
     "PackedTextSource",
@@ -46,6 +57,7 @@ __all__ = [
     "TextSource",
     "TokensSource",
     "build_source",
+    "cached_dataset",
     "from_windows",
     "load_corpus",
     "make_sample",

@@ -543,11 +543,13 @@ def prepare(
     progress: ProgressFn | None = None,
     inline: bool = False,
     planned: Plan | None = None,
+    reuse_from: Path | None = None,
 ) -> dict[str, Any]:
     """Prepare `source` into `out` (see the module docstring); returns the manifest. Idempotent.
 
     `inline=True` tokenizes in this process instead of on Ray (a training rank, tests and tiny
-    corpora: no cluster start); `planned` is this source's `plan(...)` when the caller made it."""
+    corpora: no cluster start); `planned` is this source's `plan(...)` when the caller made it;
+    unchanged files' shards are linked from `reuse_from` (another prepared dataset) as from `out`."""
     report = progress or (lambda p: None)
     p = planned or plan(
         source,
@@ -559,7 +561,7 @@ def prepare(
     )
     out_dir = Path(out).resolve()
     with exclusive(_aside(out_dir, "lock")):  # one prepare at a time writes into out_dir
-        return _prepare_locked(p, out_dir, ray_address, num_cpus, report, inline)
+        return _prepare_locked(p, out_dir, ray_address, num_cpus, report, inline, reuse_from)
 
 
 def _prepare_locked(
@@ -569,6 +571,7 @@ def _prepare_locked(
     num_cpus: int | None,
     report: ProgressFn,
     inline: bool,
+    reuse_from: Path | None,
 ) -> dict[str, Any]:
     source, tokenizer, fmt, text_field = p.source, p.tokenizer, p.fmt, p.text_field
     files, info, dataset_id, total = p.files, p.info, p.dataset_id, p.total_bytes
@@ -584,7 +587,12 @@ def _prepare_locked(
 
     staging = _aside(out_dir, "staging")
     (staging / SHARDS).mkdir(parents=True)
-    reusable = {f["key"]: f for f in (old or {}).get("files", [])}
+    reusable: dict[str, tuple[Path, dict[str, Any]]] = {}  # file key -> (its shards' dir, entry)
+    donor = read_manifest(reuse_from) if reuse_from is not None else None
+    for where, m in ((reuse_from, donor), (out_dir, old)):
+        for entry in (m or {}).get("files", []):
+            if where is not None:
+                reusable[entry["key"]] = (where / SHARDS, entry)
     dtype = _dtype_for(int(info["vocab_size"]))
     results: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
@@ -596,8 +604,8 @@ def _prepare_locked(
             continue
         scheduled.add(f.key)
         kept = reusable.get(f.key)
-        if kept is not None and _link_shards(out_dir / SHARDS, staging / SHARDS, kept["shards"]):
-            for s in kept["shards"]:
+        if kept is not None and _link_shards(kept[0], staging / SHARDS, kept[1]["shards"]):
+            for s in kept[1]["shards"]:
                 results[s["name"]] = {"documents": s["documents"], "tokens": s["tokens"]}
             done_bytes += f.size
             continue

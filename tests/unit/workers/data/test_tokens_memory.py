@@ -1,7 +1,8 @@
 """A rank's memory does not grow with the corpus: 1 MB and ~80 MB prepared corpora, fresh readers.
 
-A child opens the dataset the way a rank does (`build_source` of a `kind: tokens` spec) and draws
-a few global batches. Its peak resident memory is VmHWM after the peak is reset once imports are
+A child opens the dataset the way a rank does (`build_source` of a `kind: tokens` spec, and of a
+`kind: text` spec over the source, which goes through the prepared cache) and draws a few global
+batches. Its peak resident memory is VmHWM after the peak is reset once imports are
 done (/proc/self/clear_refs), so torch's import does not mask it; its anonymous memory is sampled
 per batch. Shards are memory-mapped, so only the pages a batch touches count; the old in-memory
 path held about 10 bytes per corpus byte, which would be ~800 MB here.
@@ -67,22 +68,30 @@ def write_corpus(path: Path, size: int) -> Path:
     return path
 
 
-def spec_json(dataset: Path, pack: str) -> str:
-    data = {"kind": "tokens", "path": str(dataset), "seq_len": SEQ, "pack": pack}
+def spec_json(dataset: Path, source: Path, mode: str) -> str:
+    """`kind: tokens` over the prepared dataset (a pack, or the control `touch-all`), or
+    `kind: text` over the source (`text-first` prepares it into the cache, `text` starts after)."""
+    if mode.startswith("text"):
+        data = {"kind": "text", "path": str(source), "seq_len": SEQ, "pack": "documents"}
+    else:
+        pack = "windows" if mode == "touch-all" else mode
+        data = {"kind": "tokens", "path": str(dataset), "seq_len": SEQ, "pack": pack}
     return tiny_spec(data=data, train={"batch_size": BATCH}).model_dump_json()
 
 
-def growth(dataset: Path, modes: list[str]) -> dict[str, dict[str, int]]:
-    """Per mode (a pack, or the control `touch-all`): the bytes a reader's peak resident memory and
-    its anonymous memory rose above the level before opening, measured in one fresh process."""
-    args = [a for m in modes for a in (m, spec_json(dataset, "windows" if m == "touch-all" else m))]
+def growth(dataset: Path, source: Path, modes: list[str]) -> dict[str, dict[str, int]]:
+    """Per mode (see `spec_json`): the bytes a reader's peak resident memory and its anonymous
+    memory rose above the level before opening, measured in one fresh process."""
+    args = [a for m in modes for a in (m, spec_json(dataset, source, m))]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    env["RINGTRAIN_DATA_CACHE"] = str(dataset.parent / "cache")
     done = subprocess.run(
         [sys.executable, "-c", CHILD, *args],
         capture_output=True,
         text=True,
         timeout=180,
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -90,19 +99,24 @@ def growth(dataset: Path, modes: list[str]) -> dict[str, dict[str, int]]:
 
 @pytest.mark.slow
 def test_peak_memory_of_a_reader_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
-    datasets = {}
+    datasets, sources = {}, {}
     for name, size in (("small", SMALL), ("large", LARGE)):
-        src = write_corpus(tmp_path / f"{name}.jsonl", size)
+        sources[name] = write_corpus(tmp_path / f"{name}.jsonl", size)
         datasets[name] = tmp_path / f"{name}-ds"
-        manifest = prepare(src, datasets[name], tokenizer="bytes", inline=True)
+        manifest = prepare(sources[name], datasets[name], tokenizer="bytes", inline=True)
         assert manifest["tokens"] >= size * 0.95
-        src.unlink()  # the reader must not need the source
-    small = growth(datasets["small"], ["documents", "windows"])
-    large = growth(datasets["large"], ["documents", "windows", "touch-all"])
+    modes = ["documents", "windows", "text-first", "text"]
+    small = growth(datasets["small"], sources["small"], modes)
+    large = growth(datasets["large"], sources["large"], [*modes, "touch-all"])
     # the control: the measure sees mapped pages (reading every shard costs about the corpus)
     assert large["touch-all"]["peak"] > LARGE * 0.8, large
     more = LARGE - SMALL
-    for pack in ("documents", "windows"):
+    # kind: text's first start tokenizes one jsonl chunk (<= 32 MB) at a time: bounded by the chunk
+    print(
+        f"text, first start (prepares): peak RSS grew {small['text-first']['peak'] / 2**20:.1f} MB "
+        f"(1 MB), {large['text-first']['peak'] / 2**20:.1f} MB (80 MB)"
+    )
+    for pack in ("documents", "windows", "text"):
         s, g = small[pack], large[pack]
         print(
             f"{pack}: peak RSS grew {s['peak'] / 2**20:.1f} MB (1 MB corpus), "
