@@ -165,7 +165,7 @@ def test_two_rank_job_succeeds_and_metrics_arrive_in_order(harness: Harness) -> 
         assert names[name] == 16, name  # per rank, both ranks, every step
         assert {p["rank"] for p in job.points if p["name"] == name} == {0, 1}
     assert all(p.get("rank") is None for p in job.points if p["name"] not in per_rank)
-    assert any("rank 1 →" in x["line"] for x in job.logs)  # driver log lines are forwarded
+    assert any("rank 1 ->" in x["line"] for x in job.logs)  # driver log lines are forwarded
     assert (harness.tmp / "ok1").is_dir()  # per-job checkpoint dir under the configured root
 
     assert "driver for job ok1" in harness.launcher.logs(sid)
