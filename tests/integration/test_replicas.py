@@ -38,8 +38,8 @@ assert postgres_server  # session fixture, imported to be used here
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.postgres]
 
 LEASE_S = float(os.environ.get("RINGTRAIN_TEST_LEADER_LEASE_S", "4"))  # the figure scales with it
-# The contract (SPEC §6): a follower takes over within one lease of the leader's death. Measured on
-# 2 shared cores: 3.67 s at lease 4 s, 14.19 s at 15 s, i.e. 0.3-0.8 s inside the lease (the last
+# The contract (README "Replicas"): a follower takes over within one lease of the leader's
+# death. Measured on 2 shared cores: 3.67 s at lease 4 s, 14.19 s at 15 s, i.e. 0.3-0.8 s inside the lease (the last
 # renewal was 0 to lease/3 before the kill), and 4.08 s at lease 4 s on a run at load average ~20
 # (0.08 s past it). What can push it past the lease is only a loaded machine: the follower's
 # wake-up timer firing late, its acquire transaction, and this test's /healthz poll answered late
@@ -47,8 +47,8 @@ LEASE_S = float(os.environ.get("RINGTRAIN_TEST_LEADER_LEASE_S", "4"))  # the fig
 # poll's timeout, then as much again for the timer and the transaction, and slack), and still
 # fails a follower that waited out a second lease (2 x lease).
 TAKEOVER_SLACK_S = 3.0
-# SPEC §6: every event reaches an SSE subscriber on any replica within a second. Measured max
-# 87 ms, 486 ms and 175 ms (three runs); a lost notice would show as the 5 s store re-read.
+# The contract (README "Replicas"): every event reaches an SSE subscriber on any replica within
+# a second. Measured max 87 ms, 486 ms and 175 ms (three runs); a lost notice would show as the 5 s store re-read.
 EVENT_LATENCY_MAX_MS = 1000.0
 
 

@@ -52,13 +52,6 @@ class Batch:
         )
 
 
-def rows_cu_seqlens(cu_seqlens: torch.Tensor, first: int, stop: int, seq_len: int) -> torch.Tensor:
-    """The varlen boundaries of rows [first, stop) of a batch, renumbered from 0."""
-    lo, hi = first * seq_len, stop * seq_len
-    keep = cu_seqlens[(cu_seqlens >= lo) & (cu_seqlens <= hi)]
-    return (keep - lo).to(torch.int32)
-
-
 def select_cu_seqlens(cu_seqlens: torch.Tensor, rows: list[int], seq_len: int) -> torch.Tensor:
     """The varlen boundaries of the batch made of `rows` (in that order), renumbered from 0: each
     row's segments (a segment belongs to the row it starts in), one after the other."""
@@ -98,10 +91,7 @@ def take_shard(
     """
     seq_len = batch.inputs.shape[1]
     mine = replica_rows(batch, dp_size)[dp_index]
-    if mine == list(range(mine[0], mine[-1] + 1)):
-        sel: slice | torch.Tensor = slice(mine[0], mine[-1] + 1)
-    else:
-        sel = torch.tensor(mine, dtype=torch.long)
+    sel = torch.tensor(mine, dtype=torch.long)
     cu = None if batch.cu_seqlens is None else select_cu_seqlens(batch.cu_seqlens, mine, seq_len)
     if ring_group is None and ulysses_group is None:
         pick = lambda t: t[sel]
