@@ -105,7 +105,7 @@ def grid(args: argparse.Namespace) -> None:
     rows: dict[tuple[str, int], tuple[float, float]] = {}
     for knobs in args.knobs:
         for seq in args.seqs:
-            spec = spec_dict(seq, args.ring, knobs)
+            spec = spec_dict(seq, args.ring, knobs, args.model)
             points = torchrun(spec, args.ring, [])
             peak, rate = step2(points, "mem_peak_bytes"), step2(points, "tokens_per_s")
             estimate = memory_estimate(JobSpec.model_validate(spec))["total_bytes"]
@@ -117,7 +117,8 @@ def grid(args: argparse.Namespace) -> None:
                 flush=True,
             )
     lo, hi = min(args.seqs), max(args.seqs)
-    unit = MODEL["n_layers"] * MODEL["d_model"] * 4
+    model = args.model or MODEL
+    unit = model["n_layers"] * model["d_model"] * 4
     print("\n| knobs | token footprint |\n|---|---|")
     for knobs in args.knobs:
         per_token = (rows[(knobs, hi)][0] - rows[(knobs, lo)][0]) / ((hi - lo) / args.ring)
@@ -138,7 +139,7 @@ def cost(args: argparse.Namespace) -> None:
     seconds: dict[str, float] = {}
     print("| knobs | seq | cpu s (fwd+bwd) | tok/s (cpu) | vs none |\n|---|---|---|---|---|")
     for knobs in args.knobs:
-        spec = JobSpec.model_validate(spec_dict(args.seq, 1, knobs))
+        spec = JobSpec.model_validate(spec_dict(args.seq, 1, knobs, args.model))
         trainer = Trainer(
             spec, checkpoint_dir=None, emit=lambda p: None, device=torch.device("cpu")
         )
@@ -159,10 +160,11 @@ def cost(args: argparse.Namespace) -> None:
 
 
 def breakdown(args: argparse.Namespace) -> None:
-    spec = spec_dict(args.seq, args.ring, args.knobs[0])
+    spec = spec_dict(args.seq, args.ring, args.knobs[0], args.model)
+    rank_args = ["bench.memory", "--breakdown-rank"] + (["--shapes"] if args.shapes else [])
     for malloc in ("glibc", "bounded"):
         env = {"RINGTRAIN_MALLOC": "glibc"} if malloc == "glibc" else {}
-        points = torchrun(spec, args.ring, ["bench.memory", "--breakdown-rank"], env)
+        points = torchrun(spec, args.ring, rank_args, env)
         rows = [p for p in points if p["name"].startswith("breakdown/") and p.get("rank", 0) == 0]
         print(
             f"\n### allocator: {malloc} (rank 0, seq {args.seq}, ring {args.ring}, {args.knobs[0]})\n"
@@ -172,7 +174,7 @@ def breakdown(args: argparse.Namespace) -> None:
             print(f"| {p['name'][len('breakdown/') :]} | {p['value'] / 1e6:.1f} |")
 
 
-def breakdown_rank(spec_path: Path, metrics: Path) -> None:
+def breakdown_rank(spec_path: Path, metrics: Path, shapes: bool) -> None:
     """One rank under torchrun: step 1 plain, step 2 attributed (see the module docstring)."""
     import torch
     import torch.distributed as dist
@@ -192,7 +194,7 @@ def breakdown_rank(spec_path: Path, metrics: Path) -> None:
     before = rss_bytes()
     trainer.memory.reset()
     local = trainer.local_batch()
-    tracker = LiveTensors()
+    tracker = LiveTensors(shapes=shapes)
     with tracker:
         positions = local.positions if local.doc_positions is None else local.doc_positions
         hidden = trainer.model.features(local.inputs, positions, cu_seqlens=local.cu_seqlens)
@@ -212,7 +214,7 @@ def breakdown_rank(spec_path: Path, metrics: Path) -> None:
         "live tensors at the step's peak": tracker.peak,
         "held by the C allocator beyond live tensors": peak - before - tracker.peak,
     }
-    top = sorted(tracker.at_peak.items(), key=lambda kv: -kv[1])[:14]
+    top = sorted(tracker.at_peak.items(), key=lambda kv: -kv[1])[:24]
     for label, nbytes in top:
         parts[f"  live at peak: {label}"] = nbytes
     with metrics.open("a") as out:
@@ -241,11 +243,17 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--ring", type=int, default=2)
     parser.add_argument("--knobs", nargs="+", default=["full"])
+    parser.add_argument(
+        "--shapes", action="store_true", help="--breakdown: label by tensor shape too"
+    )
+    parser.add_argument(
+        "--model", type=json.loads, help="model fields as JSON (default: the issue baseline)"
+    )
     parser.add_argument("--steps", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--metrics-jsonl", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.breakdown_rank:
-        breakdown_rank(args.spec, args.metrics_jsonl)
+        breakdown_rank(args.spec, args.metrics_jsonl, args.shapes)
     elif args.breakdown:
         breakdown(args)
     elif args.cost:

@@ -77,6 +77,15 @@ class _PerBlock:
     def finish(run: _Running, q: torch.Tensor) -> None:
         """Nothing to do: blocks fold in place into out [B, S, H, D], lse [B, H, S]."""
 
+    def whole_block(self, n: int) -> Block | None:
+        """The plan's only block when it covers every query and key of a single step (one rank, no
+        documents): its gradients need no accumulation buffers."""
+        if len(self.plan) == 1 and len(self.plan[0]) == 1:
+            blk = self.plan[0][0]
+            if _covers_all(blk, n) and blk.kv == slice(0, n):
+                return blk
+        return None
+
     def grads(
         self,
         step: int,
@@ -91,17 +100,20 @@ class _PerBlock:
         for blk in self.plan[step]:
             kernel_calls["per_block", "backward"] += 1
             r = blk.rows
-            g = self.kernel.backward(
+            dq_b, dk_b, dv_b = self.kernel.backward(
                 dout[r, blk.q], q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], out[r, blk.q], lse[r, :, blk.q],
                 blk.causal, self.scale,
             )  # fmt: skip
-            dq[r, blk.q] += g[0]
-            done.append((blk, g))
+            dq[r, blk.q] += dq_b
+            done.append(
+                (blk, dk_b, dv_b)
+            )  # the block's dQ is added: only dK/dV wait for their buffer
 
         def add(dkv: torch.Tensor) -> None:
-            for blk, g in done:
-                dkv[0][blk.rows, blk.kv] += g[1]
-                dkv[1][blk.rows, blk.kv] += g[2]
+            for blk, dk_b, dv_b in done:
+                dkv[0][blk.rows, blk.kv] += dk_b
+                dkv[1][blk.rows, blk.kv] += dv_b
+            done.clear()
 
         return add
 
@@ -133,6 +145,11 @@ class _Packed:
             run.lse.index_copy_(1, qi, lse_run)
 
     @staticmethod
+    def whole_block(n: int) -> None:
+        """Packed documents always accumulate (see `_PerBlock.whole_block`)."""
+        return None
+
+    @staticmethod
     def finish(run: _Running, q: torch.Tensor) -> None:
         """Back from the flat layout to out [B, S, H, D], lse [B, H, S]."""
         if run.out is not None and run.lse is not None:
@@ -159,17 +176,18 @@ class _Packed:
         for p in self.packs[step]:
             kernel_calls["packed", "backward"] += 1
             qi, ki = p.q_index, p.k_index
-            g = self.kernel.backward(
+            dq_p, dk_p, dv_p = self.kernel.backward(
                 dof[qi], qf[qi], kf[ki], vf[ki], of[qi], lsef[:, qi], p, self.scale
             )
-            dqf.index_add_(0, qi, g[0].to(dqf.dtype))
-            done.append((ki, g))
+            dqf.index_add_(0, qi, dq_p.to(dqf.dtype))
+            done.append((ki, dk_p, dv_p))
 
         def add(dkv: torch.Tensor) -> None:
             dkvf = dkv.view(2, b * n, -1, d)
-            for ki, g in done:
-                dkvf[0].index_add_(0, ki, g[1].to(dkvf.dtype))
-                dkvf[1].index_add_(0, ki, g[2].to(dkvf.dtype))
+            for ki, dk_p, dv_p in done:
+                dkvf[0].index_add_(0, ki, dk_p.to(dkvf.dtype))
+                dkvf[1].index_add_(0, ki, dv_p.to(dkvf.dtype))
+            done.clear()
 
         return add
 
@@ -178,7 +196,11 @@ Steps = _PerBlock | _Packed
 
 
 def _forward(q, k, v, steps: Steps, comm, world, overlap):
-    kv = torch.stack([k, v])
+    return _fold_ring(q, torch.stack([k, v]), steps, comm, world, overlap)
+
+
+def _fold_ring(q, kv, steps: Steps, comm, world, overlap):
+    """The forward over `kv` = stack([k, v]) of this rank: (out, lse), merged over the whole ring."""
     run = _Running()
     for step in range(world):
         last = step + 1 == world
@@ -200,10 +222,20 @@ def _exchanging(comm: RingComm | None) -> RingComm:
     return comm
 
 
-def _backward(dout, q, k, v, out, lse, steps: Steps, group, world):
+def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
+    """dQ, dK, dV. `saved` = [q, kv, out, lse] is emptied here so that, under activation checkpointing
+    (whose unpacked tensors nothing else holds), this rank's own K/V are freed once they have left for
+    the next rank, and each step's block gradients once they are in the travelling dK/dV."""
+    q, kv, out, lse = saved
+    saved.clear()
+    whole = steps.whole_block(q.shape[1]) if world == 1 else None
+    if whole is not None:  # one rank, one dense block: the kernel's gradients are the answer
+        kernel_calls["per_block", "backward"] += 1
+        grads = steps.kernel.backward(dout, q, kv[0], kv[1], out, lse, whole.causal, steps.scale)
+        return tuple(g.to(q.dtype) for g in grads)
+    k_dtype = kv.dtype
     acc = _acc_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = torch.stack([k, v])
     kv_comm = RingComm(group) if world > 1 else None
     dkv_comm = RingComm(group) if world > 1 else None
     for step in range(world):
@@ -218,6 +250,7 @@ def _backward(dout, q, k, v, out, lse, steps: Steps, group, world):
             else torch.zeros(kv.shape, dtype=acc, device=q.device)
         )
         add_grads(dkv)
+        del add_grads
         if world > 1:
             _exchanging(dkv_comm).send_recv(dkv)
         if not last:
@@ -226,7 +259,7 @@ def _backward(dout, q, k, v, out, lse, steps: Steps, group, world):
         dkv = _exchanging(
             dkv_comm
         ).wait()  # our own block's gradient, summed over every rank's queries
-    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    return dq.to(q.dtype), dkv[0].to(k_dtype), dkv[1].to(k_dtype)
 
 
 def _steps(q: torch.Tensor, causal, layout, rank, world, scale, docs) -> Steps:
@@ -246,16 +279,17 @@ class _RingAttention(torch.autograd.Function):
         rank, world = _rank_world(group)
         comm = RingComm(group) if world > 1 else None
         steps = _steps(q, causal, layout, rank, world, scale, docs)
-        out, lse = _forward(q, k, v, steps, comm, world, overlap)
+        # K and V stacked once: the send buffer, and what backward starts from (saved instead of k and v)
+        kv = torch.stack([k, v])
+        out, lse = _fold_ring(q, kv, steps, comm, world, overlap)
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, kv, out, lse)
         ctx.args = (steps, group, world)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(dout, q, k, v, out, lse, *ctx.args)
+        dq, dk, dv = _backward(dout, list(ctx.saved_tensors), *ctx.args)
         return dq, dk, dv, None, None, None, None, None, None
 
 

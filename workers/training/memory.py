@@ -111,41 +111,59 @@ class PeakMemory:
 
 
 class LiveTensors(TorchDispatchMode):
-    """Live bytes of the tensors created while active, by label (`phase` set by the caller, plus the op).
+    """Live bytes of the tensors created while active, by label (`phase` set by the caller, plus the op,
+    and with `shapes` the created tensor's shape).
 
-    Each new storage is counted once, from the op that created it until it is freed (a weakref finalizer);
+    Each new storage is counted from the op that created it until it is freed (a weakref finalizer) or
+    resized to nothing (FSDP frees a gathered parameter that way while its storage object lives on);
     `at_peak` is the breakdown when the total was highest. Tensors created before (parameters, optimizer
     state) are not counted: add them from their own metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, shapes: bool = False) -> None:
         super().__init__()
         self.phase = "forward"
-        self.live: Counter[str] = Counter()
-        self.total = self.peak = 0
+        self.shapes = shapes
+        self.total = self.peak = 0  # `total` counts every storage at its size when created
         self.at_peak: dict[str, int] = {}
-        self._seen: set[int] = set()
+        self._live: dict[int, tuple[weakref.ref[torch.UntypedStorage], str, int]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, tuple | list) else (out,):
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                self._track(t, f"{self.phase}:{func.overloadpacket.__name__}")
+                shape = tuple(t.shape) if self.shapes else ""
+                self._track(t, f"{self.phase}:{func.overloadpacket.__name__}{shape}")
         return out
 
     def _track(self, t: torch.Tensor, label: str) -> None:
         storage = t.untyped_storage()
         key = storage.data_ptr()
         nbytes = storage.nbytes()
-        if key == 0 or nbytes == 0 or key in self._seen:
+        if key == 0 or nbytes == 0:
             return
-        self._seen.add(key)
-        self.live[label] += nbytes
+        if key in self._live:
+            held = self._live[key][0]()
+            if held is not None and held.data_ptr() == key:
+                return  # a view of a storage already counted
+            self.total -= self._live.pop(key)[2]  # that storage was resized away: this one is new
+        self._live[key] = (weakref.ref(storage), label, nbytes)
         self.total += nbytes
-        if self.total > self.peak:
-            self.peak, self.at_peak = self.total, {k: v for k, v in self.live.items() if v}
-        weakref.finalize(storage, self._free, key, label, nbytes)
+        if self.total > self.peak:  # an upper bound: recount at today's sizes before taking it
+            self._recount()
+        weakref.finalize(storage, self._free, key, nbytes)
 
-    def _free(self, key: int, label: str, nbytes: int) -> None:
-        self._seen.discard(key)
-        self.live[label] -= nbytes
-        self.total -= nbytes
+    def _recount(self) -> None:
+        live: Counter[str] = Counter()
+        for ref, label, _ in self._live.values():
+            storage = ref()
+            if storage is not None:
+                live[label] += storage.nbytes()
+        now = sum(live.values())
+        if now > self.peak:
+            self.peak, self.at_peak = now, {k: v for k, v in live.items() if v}
+
+    def _free(self, key: int, nbytes: int) -> None:
+        entry = self._live.get(key)
+        if entry is not None and entry[2] == nbytes and entry[0]() is None:
+            del self._live[key]
+            self.total -= nbytes
