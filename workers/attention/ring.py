@@ -222,10 +222,28 @@ def _exchanging(comm: RingComm | None) -> RingComm:
     return comm
 
 
+# The backward's ring buffers (K/V held and in flight, dK/dV travelling and arriving: four times a
+# rank's K/V) are the largest thing it holds per token. Run over this many K/V-head chunks, one chunk's
+# full ring after another, they shrink to four times a chunk's; the bytes sent are the same, in more,
+# smaller messages. Heads are independent, so the result is the same to the bit.
+MAX_BACKWARD_HEAD_CHUNKS = 4
+
+
+def backward_head_chunks(kv_heads: int, world: int, packed: bool) -> int:
+    """K/V-head chunks the ring backward runs in: the most up to MAX_BACKWARD_HEAD_CHUNKS that divide
+    the K/V heads; 1 on one rank (nothing travels) and for packed varlen steps (flat index layout)."""
+    if world == 1 or packed:
+        return 1
+    return max(
+        c for c in range(1, min(kv_heads, MAX_BACKWARD_HEAD_CHUNKS) + 1) if kv_heads % c == 0
+    )
+
+
 def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
     """dQ, dK, dV. `saved` = [q, kv, out, lse] is emptied here so that, under activation checkpointing
-    (whose unpacked tensors nothing else holds), this rank's own K/V are freed once they have left for
-    the next rank, and each step's block gradients once they are in the travelling dK/dV."""
+    (whose unpacked tensors nothing else holds), what this rank no longer needs is freed: its own K/V
+    once they have left (or, run in head chunks, its storage takes the chunks' dK/dV as they come
+    home), and each step's block gradients once they are in the travelling dK/dV."""
     q, kv, out, lse = saved
     saved.clear()
     whole = steps.whole_block(q.shape[1]) if world == 1 else None
@@ -233,9 +251,34 @@ def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
         kernel_calls["per_block", "backward"] += 1
         grads = steps.kernel.backward(dout, q, kv[0], kv[1], out, lse, whole.causal, steps.scale)
         return tuple(g.to(q.dtype) for g in grads)
-    k_dtype = kv.dtype
+    dq = torch.zeros(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
+    kv_heads = kv.shape[3]
+    chunks = backward_head_chunks(kv_heads, world, isinstance(steps, _Packed))
+    if chunks == 1:
+        k_dtype, own = kv.dtype, [kv]
+        del kv  # `own` is the only reference now: the ring lets go of it once it has left
+        dkv = _ring_backward(dout, q, own, out, lse, dq, steps, group, world)
+        return dq.to(q.dtype), dkv[0].to(k_dtype), dkv[1].to(k_dtype)
+    per_chunk = kv_heads // chunks
+    per_q = per_chunk * (q.shape[2] // kv_heads)  # query heads sharing those K/V heads
+    for c in range(chunks):
+        ks, hs = slice(c * per_chunk, (c + 1) * per_chunk), slice(c * per_q, (c + 1) * per_q)
+        dkv = _ring_backward(
+            dout[:, :, hs], q[:, :, hs], [kv[:, :, :, ks]], out[:, :, hs], lse[:, hs], dq[:, :, hs],
+            steps, group, world,
+        )  # fmt: skip
+        kv[:, :, :, ks] = (
+            dkv  # these K/V have made their rounds: their storage takes their gradient
+        )
+        del dkv
+    return dq.to(q.dtype), kv[0], kv[1]
+
+
+def _ring_backward(dout, q, own: list[torch.Tensor], out, lse, dq, steps: Steps, group, world):
+    """One full ring of the backward over these heads: adds into `dq`, returns dK/dV stacked (acc
+    dtype). `own` = [this rank's K/V stacked], taken out so that nothing here keeps it past its send."""
+    kv = own.pop()
     acc = _acc_dtype(q.dtype)
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv_comm = RingComm(group) if world > 1 else None
     dkv_comm = RingComm(group) if world > 1 else None
     for step in range(world):
@@ -259,7 +302,7 @@ def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
         dkv = _exchanging(
             dkv_comm
         ).wait()  # our own block's gradient, summed over every rank's queries
-    return dq.to(q.dtype), dkv[0].to(k_dtype), dkv[1].to(k_dtype)
+    return dkv
 
 
 def _steps(q: torch.Tensor, causal, layout, rank, world, scale, docs) -> Steps:
