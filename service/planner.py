@@ -156,7 +156,9 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
     # norms, q/k/v/out, lse, residual sums; under tensor parallelism the residual stream, the norms
     # and the projections' outputs are a rank's piece of the sequence (1/T), the inputs the attention
     # and the MLP gather are whole
-    rest = 2 * d + 4 * d // T + 2 * qd + 2 * kvd + h
+    # (the two norms' normalised inputs are among the pieces only where the norm keeps them)
+    pieces = 4 if m.norm_keeps_normalized else 2
+    rest = 2 * d + pieces * d // T + 2 * qd + 2 * kvd + h
     tiled = tr.tiled_mlp != "off"
     mode = tr.activation_checkpointing
     terms = {"kept": 0, "working": 0, "working_tile": mlp if tiled else 0, "offloaded": 0}
@@ -175,7 +177,8 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
         terms["working"] += block_mlp  # one MLP recomputed in backward
     else:
         terms["kept"] = L * (rest + block_mlp)
-    terms["kept"] += 2 * d + m.head_dim  # embedding output, final norm's input, RoPE tables
+    # embedding output, the final norm's input (and its normalised input, where kept), RoPE tables
+    terms["kept"] += (2 if m.norm_keeps_normalized else 1) * d + m.head_dim
     return terms
 
 

@@ -78,6 +78,9 @@ class ModelConfig(StrictModel):
     shape_known: ClassVar[bool] = True  # the native model's sizes are the spec's own fields
     # what a rank's process holds for this kind beyond ringtrain's own runtime, on CPU (the planner)
     cpu_runtime_bytes: ClassVar[int] = 0
+    # whether each RMSNorm keeps its normalised input for backward (the planner): the native norm
+    # keeps x and its rsqrt only (`workers.models.llama._RMSNorm`)
+    norm_keeps_normalized: ClassVar[bool] = False
 
     @property
     def kv_heads(self) -> int:
@@ -461,6 +464,7 @@ class HFModelConfig(StrictModel):
     )
 
     cpu_runtime_bytes: ClassVar[int] = 100 * 10**6  # transformers' modules (measured, on CPU)
+    norm_keeps_normalized: ClassVar[bool] = True  # transformers' RMSNorm, through autograd
 
     @field_validator("path")
     @classmethod

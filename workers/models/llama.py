@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -83,6 +84,37 @@ class SequenceParallel:
         )
 
 
+class _RMSNorm(torch.autograd.Function):
+    """y = (x·rsqrt(mean(x²) + eps)).to(x.dtype) · weight, normalised in fp32 even under bf16 autocast.
+
+    Autograd's own graph of these ops keeps the normalised x (one more activation per token) for the
+    weight's gradient; this keeps x and the per-token rsqrt only and recomputes the rest in backward.
+    The forward is the same ops in the same order, so its values are unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return (xf * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, rstd, weight = ctx.saved_tensors
+        xf = x.float()
+        normed = (xf * rstd).to(x.dtype)
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = (grad.float() * normed.float()).sum(tuple(range(grad.dim() - 1)))
+            grad_weight = grad_weight.to(weight.dtype)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            g = (grad * weight).float()  # d/d(normed), back through the cast
+            n = xf * rstd
+            grad_x = (rstd * (g - n * (g * n).mean(-1, keepdim=True))).to(x.dtype)
+        return grad_x, grad_weight, None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -90,10 +122,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()  # normalise in fp32 even under bf16 autocast
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(
-            x.dtype
-        ) * self.weight
+        out: torch.Tensor = _RMSNorm.apply(x, self.weight, self.eps)
+        return out
 
 
 def rope_tables(
