@@ -30,6 +30,7 @@ if "RINGTRAIN_DATA_CACHE" not in os.environ:  # kind: text corpora: one cache pe
     os.environ["RINGTRAIN_DATA_CACHE"] = _data_cache
     atexit.register(shutil.rmtree, _data_cache, True)
 
+from tests.support.pg import postgres_server  # noqa: E402, F401  (session PostgreSQL server)
 from tests.support.ray_fixtures import ray_head, report_receiver  # noqa: E402, F401  (session Ray head, report receiver)
 
 

@@ -32,9 +32,8 @@ from service.local_ray import RayHead
 from service.ray_jobs import RayJobLauncher
 from tests.integration.test_faults import ServeProcess, exactly_once, finished, http, spec, wait_job
 from tests.support.api_harness import free_port
-from tests.unit.service.test_store import _fresh_pg_database, postgres_server
+from tests.support.pg import fresh_pg_database
 
-assert postgres_server  # session fixture, imported to be used here
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.postgres]
 
 LEASE_S = float(os.environ.get("RINGTRAIN_TEST_LEADER_LEASE_S", "4"))  # the figure scales with it
@@ -161,7 +160,7 @@ def role(url: str) -> dict[str, Any] | None:
 def cluster(
     tmp_path: Path, ray_head: RayHead, postgres_server: str
 ) -> Iterator[tuple[Proxy, ServeProcess, ServeProcess]]:
-    url = _fresh_pg_database(postgres_server)
+    url = fresh_pg_database(postgres_server)
     ports = [free_port(), free_port()]
     proxy = Proxy(ports)
     replicas = []

@@ -25,7 +25,6 @@ import pytest
 
 from service.local_ray import LocalRayHead, RayHead
 
-
 # Ray 2.60's `ray start --block` answers SIGTERM by draining the node first, for up to
 # RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (30 s), until the node is idle. Ray Data's detached actors
 # (its stats actor, left by `workers.data.prepare` runs) never let it go idle, so every stop waited

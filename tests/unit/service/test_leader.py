@@ -28,17 +28,16 @@ from service.settings import Settings
 from service.store import Deposed, Store, StoreError
 from service.store.database import WRITE_GUARD
 from tests.support.api_harness import TOKENS
-from tests.unit.service.test_store import SPEC, _fresh_pg_database, postgres_server
+from tests.support.pg import fresh_pg_database
+from tests.unit.service.test_store import SPEC
 from workers.protocol import JobState
-
-assert postgres_server  # session fixture, imported to be used here
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/lease.db"
-    return _fresh_pg_database(request.getfixturevalue("postgres_server"))
+    return fresh_pg_database(request.getfixturevalue("postgres_server"))
 
 
 @pytest.fixture
@@ -111,7 +110,7 @@ class Loops:
 def test_a_leader_that_cannot_renew_stops_before_another_takes_over(postgres_server: str) -> None:
     """Two replicas (a store each, as two processes have); a's renewals start failing as if the
     database were out of its reach; a stops acting on its own before b takes over."""
-    url = _fresh_pg_database(postgres_server)
+    url = fresh_pg_database(postgres_server)
     engines = [make_engine(url), make_engine(url)]
     migrate(engines[0])
     store_a, store_b = Store(engines[0]), Store(engines[1])
