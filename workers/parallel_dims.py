@@ -215,6 +215,23 @@ def chunks_per_rank(layout: str) -> int:
 # --- accelerator and bundles ------------------------------------------------------------------
 
 
+# The ring backward's buffers (K/V held and in flight, dK/dV travelling and arriving: four times a
+# rank's K/V) are the largest thing it holds per token. Run over this many K/V-head chunks, one chunk's
+# full ring after another, they shrink to four times a chunk's; the bytes sent are the same, in more,
+# smaller messages. Heads are independent, so the result is the same to the bit.
+MAX_BACKWARD_HEAD_CHUNKS = 4
+
+
+def backward_head_chunks(kv_heads: int, ring_size: int, packed: bool = False) -> int:
+    """K/V-head chunks the ring backward runs in (`workers.attention.ring`, and the planner's ring
+    buffers): the most up to MAX_BACKWARD_HEAD_CHUNKS that divide the K/V heads; 1 on a ring of one
+    (nothing travels) and for packed varlen steps (their flat index layout is not cut by heads)."""
+    if ring_size == 1 or packed or kv_heads < 1:
+        return 1
+    top = min(kv_heads, MAX_BACKWARD_HEAD_CHUNKS)
+    return max(c for c in range(1, top + 1) if kv_heads % c == 0)
+
+
 def resolve_accelerator(requested: str, node_gpus: Iterable[float]) -> Accelerator:
     """What a job asking for `requested` runs on, given each alive node's total GPUs."""
     if requested == "gpu":

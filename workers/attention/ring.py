@@ -20,6 +20,7 @@ from workers.attention.layouts import _rank_world, check_layout
 from workers.attention.merge import merge_
 from workers.attention.plan import ALL_ROWS, Block, Documents, ring_plan
 from workers.attention.varlen import Pack, VarlenKernel, ring_packs, select_varlen
+from workers.parallel_dims import backward_head_chunks
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -145,11 +146,6 @@ class _Packed:
             run.lse.index_copy_(1, qi, lse_run)
 
     @staticmethod
-    def whole_block(n: int) -> None:
-        """Packed documents always accumulate (see `_PerBlock.whole_block`)."""
-        return None
-
-    @staticmethod
     def finish(run: _Running, q: torch.Tensor) -> None:
         """Back from the flat layout to out [B, S, H, D], lse [B, H, S]."""
         if run.out is not None and run.lse is not None:
@@ -222,23 +218,6 @@ def _exchanging(comm: RingComm | None) -> RingComm:
     return comm
 
 
-# The backward's ring buffers (K/V held and in flight, dK/dV travelling and arriving: four times a
-# rank's K/V) are the largest thing it holds per token. Run over this many K/V-head chunks, one chunk's
-# full ring after another, they shrink to four times a chunk's; the bytes sent are the same, in more,
-# smaller messages. Heads are independent, so the result is the same to the bit.
-MAX_BACKWARD_HEAD_CHUNKS = 4
-
-
-def backward_head_chunks(kv_heads: int, world: int, packed: bool) -> int:
-    """K/V-head chunks the ring backward runs in: the most up to MAX_BACKWARD_HEAD_CHUNKS that divide
-    the K/V heads; 1 on one rank (nothing travels) and for packed varlen steps (flat index layout)."""
-    if world == 1 or packed:
-        return 1
-    return max(
-        c for c in range(1, min(kv_heads, MAX_BACKWARD_HEAD_CHUNKS) + 1) if kv_heads % c == 0
-    )
-
-
 def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
     """dQ, dK, dV. `saved` = [q, kv, out, lse] is emptied here so that, under activation checkpointing
     (whose unpacked tensors nothing else holds), what this rank no longer needs is freed: its own K/V
@@ -246,14 +225,17 @@ def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
     home), and each step's block gradients once they are in the travelling dK/dV."""
     q, kv, out, lse = saved
     saved.clear()
-    whole = steps.whole_block(q.shape[1]) if world == 1 else None
-    if whole is not None:  # one rank, one dense block: the kernel's gradients are the answer
-        kernel_calls["per_block", "backward"] += 1
-        grads = steps.kernel.backward(dout, q, kv[0], kv[1], out, lse, whole.causal, steps.scale)
-        return tuple(g.to(q.dtype) for g in grads)
+    if world == 1 and isinstance(steps, _PerBlock):
+        whole = steps.whole_block(q.shape[1])
+        if whole is not None:  # one rank, one dense block: the kernel's gradients are the answer
+            kernel_calls["per_block", "backward"] += 1
+            grads = steps.kernel.backward(
+                dout, q, kv[0], kv[1], out, lse, whole.causal, steps.scale
+            )
+            return tuple(g.to(q.dtype) for g in grads)
     dq = torch.zeros(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
     kv_heads = kv.shape[3]
-    chunks = backward_head_chunks(kv_heads, world, isinstance(steps, _Packed))
+    chunks = backward_head_chunks(kv_heads, world, packed=isinstance(steps, _Packed))
     if chunks == 1:
         k_dtype, own = kv.dtype, [kv]
         del kv  # `own` is the only reference now: the ring lets go of it once it has left

@@ -1,6 +1,6 @@
 """POST /v1/plan with fit (wrapped body and query forms), its 422 with the shortfall, and
 `parallel.ring_size: auto` resolved and stored at submission. Budgets bracket the estimates of
-tests/unit/service/test_fit.py's model (ring 2 cannot fit 0.8 GiB, ring 4 with full can)."""
+tests/unit/service/test_fit.py's model (ring 2 cannot fit 0.76 GiB, ring 4 with full can)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SPEC: dict[str, Any] = {
 
 
 def nodes(count: int, cpus: int) -> list[NodeInfo]:
-    mem = 16 * GIB
+    mem = 12 * GIB
     return [
         NodeInfo(f"n{i}", f"10.0.0.{i}", True, cpus, cpus, 0, 0, memory_bytes=mem)
         for i in range(count)
@@ -35,7 +35,7 @@ def nodes(count: int, cpus: int) -> list[NodeInfo]:
 def test_plan_fit_and_ring_auto(tmp_path):
     with running(tmp_path, RecordingLauncher(nodes=nodes(2, 8))) as srv:
         c = srv.client()
-        r = c.post("/v1/plan", json={"spec": SPEC, "fit": {"memory_per_rank_gib": 0.8}})
+        r = c.post("/v1/plan", json={"spec": SPEC, "fit": {"memory_per_rank_gib": 0.76}})
         assert r.status_code == 200, r.text
         p = r.json()
         assert p["valid"] and p["fit"]["fits"] and p["fit"]["budget_source"] == "given"
@@ -43,15 +43,15 @@ def test_plan_fit_and_ring_auto(tmp_path):
         assert p["fit"]["knobs_name"] == "full" and p["world_size"] == 4
         assert p["spec"]["parallel"]["ring_size"] == 4
         assert p["spec"]["train"]["activation_checkpointing"] == "full"
-        assert p["memory"]["total_bytes"] == p["fit"]["estimate_bytes"] <= 0.8 * GIB
+        assert p["memory"]["total_bytes"] == p["fit"]["estimate_bytes"] <= 0.76 * GIB
         assert any(a["ring_size"] == 2 and not a["fits"] for a in p["fit"]["alternatives"])
 
-        q = c.post("/v1/plan", json=SPEC, params={"fit_memory_per_rank_gib": 0.8}).json()
+        q = c.post("/v1/plan", json=SPEC, params={"fit_memory_per_rank_gib": 0.76}).json()
         assert q["spec"] == p["spec"]
 
-        # no budget: a bundle's share of node memory, 16 GiB / 8 CPUs = 2 GiB
+        # no budget: a bundle's share of node memory, 12 GiB / 8 CPUs = 1.5 GiB
         d = c.post("/v1/plan", json={"spec": SPEC, "fit": {}}).json()
-        assert d["fit"]["memory_per_rank_bytes"] == 2 * GIB
+        assert d["fit"]["memory_per_rank_bytes"] == 1.5 * GIB
         assert d["fit"]["ring_size"] == 1 and d["fit"]["knobs_name"] == "full+tiled"
 
         bad = c.post("/v1/plan", json={"spec": SPEC, "fit": {}, "extra": 1})
@@ -90,12 +90,12 @@ def test_cli_plan_fit(tmp_path, capsys, monkeypatch: pytest.MonkeyPatch):
     with running(tmp_path, RecordingLauncher(nodes=nodes(2, 8))) as srv:
         monkeypatch.setenv("RINGTRAIN_URL", srv.url)
         monkeypatch.setenv("RINGTRAIN_TOKEN", ALICE)
-        assert main(["plan", str(spec), "--fit", "--memory-per-rank", "0.8"]) == 0
+        assert main(["plan", str(spec), "--fit", "--memory-per-rank", "0.76"]) == 0
         out = capsys.readouterr().out
-        assert "fit: ring_size 4 x ulysses_size 1, knobs full" in out and "of 0.80 GiB" in out
+        assert "fit: ring_size 4 x ulysses_size 1, knobs full" in out and "of 0.76 GiB" in out
         assert main(["plan", str(spec), "--fit", "--json"]) == 0
         fitted = json.loads(capsys.readouterr().out)["fit"]
-        assert fitted["ring_size"] == 1 and fitted["memory_per_rank_bytes"] == 2 * GIB
+        assert fitted["ring_size"] == 1 and fitted["memory_per_rank_bytes"] == 1.5 * GIB
         assert main(["plan", str(spec), "--memory-per-rank", "0.01"]) == 1
         assert "over" in capsys.readouterr().err
 
