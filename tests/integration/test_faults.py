@@ -393,7 +393,9 @@ def trains_on_while_down(
 def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(
     tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
 ) -> None:
-    steps = 150  # still running when the kill comes, even with the driver's metrics lagging
+    # Still running when the kill comes (right after checkpoint 10), even with the driver's metrics
+    # lagging: 50 steps of margin, ~15 s at the ~0.3 s a step takes on 2 loaded cores.
+    steps = 60
     js = spec(steps, max_restarts=2, name="kill-rank", eval={"every_steps": 50, "samples": 2})
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]
@@ -435,7 +437,7 @@ def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(
 def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart_left(
     tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
 ) -> None:
-    steps = 150  # still running when the driver is killed (see test 1)
+    steps = 60  # still running when the driver is killed (see test 1)
     js = spec(steps, max_restarts=1, name="kill-driver")
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
         # a restart left: RETRYING, a new driver (attempt 1) resumes from the newest checkpoint, SUCCEEDED, exactly once
@@ -520,7 +522,9 @@ def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart
 
 # -- 3. the control plane dies ---------------------------------------------------------------------------------------
 def test_control_plane_sigkill_reattaches_running_job(serve: ServeProcess, tmp_path: Path) -> None:
-    steps, every = 300, 10
+    # The outage ends at checkpoint (before + 30), at most ~step 50: 50 or more steps still to run
+    # when the control plane is back (`trains_on_while_down` asserts the job is short of its end).
+    steps, every = 100, 10
     js = spec(steps, every=every, name="kill-cp")
     serve.start()
     with http(serve.url) as c:
@@ -553,7 +557,7 @@ def test_control_plane_sigkill_reattaches_running_job(serve: ServeProcess, tmp_p
 def test_control_plane_and_rank_killed_together(
     serve: ServeProcess, ray_head: RayHead, tmp_path: Path
 ) -> None:
-    steps = 150
+    steps = 70  # the kills come right after checkpoint 10: 60 steps of margin
     js = spec(steps, every=5, max_restarts=2, name="kill-both")
     serve.start()
     with http(serve.url) as c:
@@ -788,7 +792,7 @@ def test_store_outage_answers_503_and_a_real_job_delivers_every_point_once(
     """A real Ray job (real driver, reporter and retries) trains through a PostgreSQL outage: every API call
     answers 503 meanwhile, the driver's reports are refused and retried, and afterwards the job succeeds with
     every point stored exactly once."""
-    steps, every = 300, 10
+    steps, every = 100, 10  # the outage ends by ~step 50 (see test 3): the job outlives it
     js = spec(steps, every=every, name="store-outage")
     with control_plane(tmp_path, launcher, database_url=postgres.url) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]

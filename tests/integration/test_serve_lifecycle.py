@@ -135,7 +135,7 @@ def _job(client: httpx.Client, jid: str) -> dict:
 
 
 def test_a_restarted_serve_continues_its_jobs_from_their_checkpoints(serve: Serve) -> None:
-    steps = 80  # far from done when the first checkpoint (step 5) is seen and everything is killed
+    steps = 40  # far from done when the first checkpoint (step 5) is seen and everything is killed
     spec = {
         "name": "survives-serve",
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},

@@ -53,6 +53,9 @@ HEALTH_ENV = {
     "RAY_health_check_failure_threshold": "4",
 }
 WORKER_CPUS = 2
+# The faults come right after checkpoint 10: 40 steps of margin (a 4-rank step across the hosts took
+# 1.3-2 s on 2 cores at load average ~13), and the resumed run trains 40 steps across both hosts again.
+STEPS = 50
 HEAD_PORT, DASH_PORT = 6380, 8266
 
 
@@ -428,7 +431,7 @@ def test_ring_across_hosts_survives_node_loss_exactly_once(
     healthy: NetCluster, tmp_path: Path
 ) -> None:
     nc = healthy
-    js = ring_spec(4, 120, "mh-node-loss")
+    js = ring_spec(4, STEPS, "mh-node-loss")
     with control_plane(tmp_path, nc) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]
         job = running_across(c, nc, jid, 4)
@@ -471,7 +474,7 @@ def test_partition_longer_than_the_health_timeout_resumes_exactly_once(
     node was declared dead and does not rejoin), and the job resumes from its checkpoint. The ranks cut off on w2
     cannot train on (their ring peers are gone), so nothing races the resumed run."""
     nc = healthy
-    js = ring_spec(4, 120, "mh-partition")
+    js = ring_spec(4, STEPS, "mh-partition")
     with control_plane(tmp_path, nc) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]
         running_across(c, nc, jid, 4)
