@@ -62,7 +62,7 @@ KNOBS: list[dict[str, Any]] = [
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("ring", "seq", "tensor"), [(1, 4096, 1), (2, 4096, 1), (3, 3072, 1), (1, 4096, 2)]
+    ("ring", "seq", "tensor"), [(1, 4096, 1), (2, 4096, 1), (3, 6144, 1), (1, 4096, 2)]
 )
 def test_estimate_predicts_the_measured_peak(ring: int, seq: int, tensor: int) -> None:
     specs = [_spec(ring, seq, tensor, **k) for k in KNOBS]
