@@ -465,7 +465,9 @@ class HFModelConfig(StrictModel):
 
     # transformers' modules (measured on CPU, in the same processes as the planner's runtime term)
     cpu_runtime_bytes: ClassVar[int] = 70 * 10**6
-    norm_keeps_normalized: ClassVar[bool] = True  # transformers' RMSNorm, through autograd
+    norm_keeps_normalized: ClassVar[bool] = (
+        False  # its RMSNorms run through `rms_norm` (models/hf.py)
+    )
 
     @field_validator("path")
     @classmethod

@@ -26,7 +26,7 @@ from torch import nn
 
 from workers.config import HFModelConfig, JobSpec, pretrained_config
 from workers.models.base import RingModel
-from workers.models.llama import SequenceParallel
+from workers.models.llama import SequenceParallel, rms_norm
 
 if (
     TYPE_CHECKING
@@ -92,6 +92,24 @@ def register_ring_attention() -> None:
     AttentionMaskInterface.register(ATTN_NAME, _no_mask)
 
 
+# transformers' RMSNorm classes whose forward is, op for op, `rms_norm`'s (checked against each
+# family in tests/unit/workers/models/test_hf_models.py)
+LEAN_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+
+
+def _lean_norms(model: nn.Module) -> None:
+    """Run each RMSNorm of the supported families through `rms_norm`: the same forward values, and a
+    backward that keeps the input and its rsqrt instead of autograd's normalised copy (one activation per
+    token and norm). Patched on the instance, so names, state dicts and export are unchanged."""
+    for module in model.modules():
+        if type(module).__name__ in LEAN_NORMS:
+            # the weight is read at each call: FSDP swaps the parameter (sharded, gathered) in and out
+            def forward(x: torch.Tensor, _norm: Any = module) -> torch.Tensor:
+                return rms_norm(x, _norm.weight, float(_norm.variance_epsilon))
+
+            module.forward = forward
+
+
 class PretrainedLM(RingModel):
     """A transformers causal LM behind ringtrain's model interface.
 
@@ -105,6 +123,7 @@ class PretrainedLM(RingModel):
         self.hf: PreTrainedModel = hf_model
         self.source_dir = source_dir  # where the tokenizer files come from at export
         self.hf.set_attn_implementation(ATTN_NAME)
+        _lean_norms(self.hf)
         self.state = _RingState()
         for layer in self.layers:
             # torch types Module.__setattr__'s value as Tensor | Module; any object is accepted at run time

@@ -115,6 +115,12 @@ class _RMSNorm(torch.autograd.Function):
         return grad_x, grad_weight, None
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as the native model and transformers' Llama/Mistral/Qwen norms compute it (see `_RMSNorm`)."""
+    out: torch.Tensor = _RMSNorm.apply(x, weight, eps)
+    return out
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -122,8 +128,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _RMSNorm.apply(x, self.weight, self.eps)
-        return out
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_tables(

@@ -219,3 +219,31 @@ def test_each_override_reaches_the_model(name: str, tmp_path: Path) -> None:
     blind = f"the {name} override does not change this model: the test is blind"
     assert _rel(without, theirs) > 1e-2, blind
     assert _rel(ours, theirs) <= TOL, f"{name} override: relative error {_rel(ours, theirs):.2e}"
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_lean_norm_is_the_familys_own_norm(family: str) -> None:
+    """`_lean_norms` swaps in `rms_norm` only for norm classes that compute the same thing: the
+    forward to the bit, the gradients to fp32 rounding (its backward keeps x and rsqrt, not the copy)."""
+    import importlib
+
+    from workers.models.hf import LEAN_NORMS, _lean_norms
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    cls = next(getattr(module, n) for n in dir(module) if n in LEAN_NORMS)
+    gen = torch.Generator().manual_seed(5)
+    results = []
+    for lean in (False, True):
+        norm = cls(64, eps=1e-6)
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.3 * torch.randn(64, generator=gen.manual_seed(1)))
+        if lean:
+            _lean_norms(norm)
+            assert "forward" in vars(norm), f"{cls.__name__} was not swapped"
+        x = (3 * torch.randn(2, 7, 64, generator=gen.manual_seed(2))).requires_grad_()
+        y = norm(x)
+        y.backward(torch.randn(2, 7, 64, generator=gen.manual_seed(3)))
+        results.append((y.detach(), x.grad, norm.weight.grad))
+    (y0, gx0, gw0), (y1, gx1, gw1) = results
+    assert torch.equal(y0, y1)
+    assert _rel(gx1, gx0) < 1e-6 and _rel(gw1, gw0) < 1e-6, (_rel(gx1, gx0), _rel(gw1, gw0))
