@@ -199,6 +199,8 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     # the passkey grid
     grid = page.locator("#passkey-grid")
     grid.wait_for()
+    # the rows fill in as the eval points arrive: wait for them, then check the whole grid
+    wait_js(page, "() => document.querySelectorAll('#passkey-grid tbody tr').length >= 2")
     assert grid.locator("tbody tr").count() == 2 and grid.locator("tbody td").count() == 6
     assert "25%" in grid.inner_text()
     # live points are appended while the job runs (no re-fetch)

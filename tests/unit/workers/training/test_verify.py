@@ -286,13 +286,18 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
 
 @pytest.mark.multiprocess
 def test_bf16_ring_merges_and_sends_gradients_in_fp32() -> None:
+    from workers.parallel_dims import backward_head_chunks
+
     world = 3
     bf16, fp32 = "torch.bfloat16", "torch.float32"
     for r in run_distributed(_bf16_ring, world):
         assert r["merged"] == [fp32, fp32]  # the online-softmax merge runs in fp32
         assert r["forward_sends"] == [bf16] * (world - 1)  # K/V travel in the compute dtype
-        # backward: K/V on the way round (world - 1 sends), dK/dV one step behind them and all the
-        # way back home (world sends)
-        assert sorted(r["backward_sends"]) == sorted([bf16] * (world - 1) + [fp32] * world)
+        # backward, per K/V-head chunk (2 K/V heads: 2 chunks): K/V on the way round (world - 1
+        # sends), dK/dV one step behind them and all the way back home (world sends)
+        chunks = backward_head_chunks(2, world)
+        assert chunks == 2
+        expected = chunks * ([bf16] * (world - 1) + [fp32] * world)
+        assert sorted(r["backward_sends"]) == sorted(expected)
         assert r["grad_dtypes"] == [bf16] * 3  # returned in the input dtype
         assert max(r["errors"]) < 1e-2, r["errors"]  # bf16 inputs against fp32 math: rounding
