@@ -10,16 +10,12 @@ doubled. Figures and commands: RELIABILITY.md, section "Faults".
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
-import pwd
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections import Counter
@@ -34,6 +30,7 @@ import pytest
 from service.local_ray import RayHead
 from service.ray_jobs import RayJobLauncher
 from tests.support.api_harness import ALICE, TOKENS, free_port, running, wait_for
+from tests.support.pg import Postgres, started_postgres
 from tests.support.ray_fixtures import ray_state
 from workers.training.checkpoint import latest_step, list_steps
 
@@ -697,83 +694,10 @@ def test_checkpoint_write_killed_midway_is_never_picked_up(tmp_path: Path) -> No
 
 
 # -- 6. the store goes away ------------------------------------------------------------------------------------------
-class Postgres:
-    """A throwaway PostgreSQL server we can stop and start (as user postgres when we are root)."""
-
-    def __init__(self) -> None:
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-        if not found:
-            pytest.skip("PostgreSQL server binaries not installed")
-        self.bin = Path(found[-1]).parent
-        self.tmp = Path(tempfile.mkdtemp(prefix="rt-pgf-"))
-        self.prefix: list[str] = []
-        if os.geteuid() == 0:
-            user = "postgres"
-            try:
-                pw = pwd.getpwnam(user)
-            except KeyError:
-                pw = pwd.getpwnam("nobody")
-                user = "nobody"
-            os.chown(self.tmp, pw.pw_uid, pw.pw_gid)
-            self.prefix = ["runuser", "-u", user, "--"]
-        self.port = free_port()
-        self.data = self.tmp / "data"
-        self._run(
-            "initdb",
-            "-D",
-            str(self.data),
-            "-A",
-            "trust",
-            "-U",
-            "ringtrain",
-            "--no-sync",
-            "-E",
-            "UTF8",
-        )
-        self.url = f"postgresql://ringtrain@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, tool: str, *args: str) -> None:
-        subprocess.run(
-            [*self.prefix, str(self.bin / tool), *args],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-
-    def start(self) -> None:
-        self._run(
-            "pg_ctl",
-            "-D",
-            str(self.data),
-            "-l",
-            str(self.tmp / "log"),
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            f"-p {self.port} -k {self.tmp} -c listen_addresses=127.0.0.1 -c fsync=off",
-            "start",
-        )
-
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
-
-    def remove(self) -> None:
-        with contextlib.suppress(Exception):
-            self.stop()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
 @pytest.fixture
 def postgres() -> Iterator[Postgres]:
-    """Skipped only where PostgreSQL is not installed; installed but failing to start is a broken environment."""
-    pg = Postgres()
-    try:
-        pg.start()
-    except subprocess.CalledProcessError as e:
-        log = (pg.tmp / "log").read_text()[-2000:] if (pg.tmp / "log").exists() else ""
-        pg.remove()
-        pytest.fail(f"PostgreSQL is installed ({pg.bin}) but did not start: {e.stderr!r}\n{log}")
+    """A server of this test's own (it is stopped and started): `tests.support.pg.Postgres`."""
+    pg = started_postgres()
     try:
         yield pg
     finally:
