@@ -106,9 +106,8 @@ class _PerBlock:
                 blk.causal, self.scale,
             )  # fmt: skip
             dq[r, blk.q] += dq_b
-            done.append(
-                (blk, dk_b, dv_b)
-            )  # the block's dQ is added: only dK/dV wait for their buffer
+            # the block's dQ is added: only dK/dV wait for their buffer
+            done.append((blk, dk_b, dv_b))
 
         def add(dkv: torch.Tensor) -> None:
             for blk, dk_b, dv_b in done:
@@ -191,10 +190,6 @@ class _Packed:
 Steps = _PerBlock | _Packed
 
 
-def _forward(q, k, v, steps: Steps, comm, world, overlap):
-    return _fold_ring(q, torch.stack([k, v]), steps, comm, world, overlap)
-
-
 def _fold_ring(q, kv, steps: Steps, comm, world, overlap):
     """The forward over `kv` = stack([k, v]) of this rank: (out, lse), merged over the whole ring."""
     run = _Running()
@@ -249,9 +244,8 @@ def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
             dout[:, :, hs], q[:, :, hs], [kv[:, :, :, ks]], out[:, :, hs], lse[:, hs], dq[:, :, hs],
             steps, group, world,
         )  # fmt: skip
-        kv[:, :, :, ks] = (
-            dkv  # these K/V have made their rounds: their storage takes their gradient
-        )
+        # these K/V have made their rounds: their storage takes their gradient
+        kv[:, :, :, ks] = dkv
         del dkv
     return dq.to(q.dtype), kv[0], kv[1]
 

@@ -101,16 +101,14 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, rstd, weight = ctx.saved_tensors
-        xf = x.float()
-        normed = (xf * rstd).to(x.dtype)
+        n = x.float() * rstd  # the normalised input, recomputed
         grad_weight = None
         if ctx.needs_input_grad[1]:
-            grad_weight = (grad.float() * normed.float()).sum(tuple(range(grad.dim() - 1)))
-            grad_weight = grad_weight.to(weight.dtype)
+            normed = n.to(x.dtype).float()  # what the forward multiplied the weight by
+            grad_weight = (grad.float() * normed).sum(tuple(range(grad.dim() - 1))).to(weight.dtype)
         grad_x = None
         if ctx.needs_input_grad[0]:
             g = (grad * weight).float()  # d/d(normed), back through the cast
-            n = xf * rstd
             grad_x = (rstd * (g - n * (g * n).mean(-1, keepdim=True))).to(x.dtype)
         return grad_x, grad_weight, None
 

@@ -277,9 +277,8 @@ class Trainer:
         loss_sum = linear_cross_entropy_sum(
             hidden, self.model.output_weight, local.labels, local.weights
         )
-        del (
-            hidden
-        )  # the loss keeps what it needs; held here, the last hidden states outlive the backward
+        # the loss keeps what it needs; held here, the last hidden states would outlive the backward
+        del hidden
         loss_sum.backward()
         self.parallelized.finish_gradients()
         return loss_sum.detach().float()

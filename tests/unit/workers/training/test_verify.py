@@ -265,7 +265,9 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
     rows = shard_positions(s, "zigzag", rank, world)
     mine = [x[:, rows].to(torch.bfloat16).requires_grad_() for x in (q, k, v)]
     steps = ring._steps(mine[0], True, "zigzag", rank, world, 16**-0.5, None)
-    merged_out, merged_lse = ring._forward(*mine, steps, Recording(None), world, True)
+    merged_out, merged_lse = ring._fold_ring(
+        mine[0], torch.stack(mine[1:]), steps, Recording(None), world, True
+    )
     forward_sends = list(sent)
     out = ring.ring_attention(*mine, layout="zigzag")
     out.backward(dout[:, rows].to(torch.bfloat16))
