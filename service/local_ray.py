@@ -127,6 +127,11 @@ class LocalRayHead:
             env.pop("RAY_AUTH_TOKEN", None)
             env["RAY_AUTH_TOKEN_PATH"] = str(token_path)
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # `ray start --block` answers SIGTERM by draining the node until it is idle, for up to this long
+        # (30 s by default). Ray Data's detached stats actor never lets it go idle, so every stop waited out
+        # the whole drain. The drain is for Ray Serve's proxies; this head has none, and `stop` kills its
+        # processes anyway.
+        env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
         # Job entrypoints (`python -m workers.driver`) and workers must run the head's own interpreter/venv.
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")

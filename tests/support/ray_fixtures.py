@@ -25,17 +25,10 @@ import pytest
 
 from service.local_ray import LocalRayHead, RayHead
 
-# Ray 2.60's `ray start --block` answers SIGTERM by draining the node first, for up to
-# RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (30 s), until the node is idle. Ray Data's detached actors
-# (its stats actor, left by `workers.data.prepare` runs) never let it go idle, so every stop waited
-# out the whole 30 s before the daemons were killed. The drain is for Ray Serve proxies; this head
-# has none, and its stop kills every process anyway.
-NO_DRAIN = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-
 
 @pytest.fixture(scope="session")
 def ray_head() -> Iterator[RayHead]:
-    head = LocalRayHead(num_cpus=8, extra_env=NO_DRAIN)
+    head = LocalRayHead(num_cpus=8)  # stops without Ray's drain (`LocalRayHead.start`)
     try:
         yield head.start()
     finally:

@@ -30,6 +30,7 @@ import re
 import resource
 import weakref
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -115,14 +116,17 @@ class LiveTensors(TorchDispatchMode):
     and with `shapes` the created tensor's shape).
 
     Each new storage is counted from the op that created it until it is freed (a weakref finalizer) or
-    resized to nothing (FSDP frees a gathered parameter that way while its storage object lives on);
+    resized to nothing (FSDP frees a gathered parameter that way while its storage object lives on, and
+    counted once when it is resized back);
     `at_peak` is the breakdown when the total was highest. Tensors created before (parameters, optimizer
-    state) are not counted: add them from their own metrics."""
+    state) are not counted: add them from their own metrics. A view of one of them is the first time the
+    tracker sees its storage, so pass them as `exclude` where they matter (a module's parameters)."""
 
-    def __init__(self, shapes: bool = False) -> None:
+    def __init__(self, shapes: bool = False, exclude: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
         self.phase = "forward"
         self.shapes = shapes
+        self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
         self.total = self.peak = 0  # `total` counts every storage at its size when created
         self.at_peak: dict[str, int] = {}
         self._live: dict[int, tuple[weakref.ref[torch.UntypedStorage], str, int]] = {}
@@ -139,7 +143,7 @@ class LiveTensors(TorchDispatchMode):
         storage = t.untyped_storage()
         key = storage.data_ptr()
         nbytes = storage.nbytes()
-        if key == 0 or nbytes == 0:
+        if key == 0 or nbytes == 0 or key in self._excluded:
             return
         if key in self._live:
             held = self._live[key][0]()
@@ -154,9 +158,13 @@ class LiveTensors(TorchDispatchMode):
 
     def _recount(self) -> None:
         live: Counter[str] = Counter()
-        for ref, label, _ in self._live.values():
+        seen: set[int] = set()
+        # newest first: a storage FSDP resized away and back (a re-gathered parameter) sits under its old
+        # and its new address; it counts once, under the label of the op that refilled it
+        for ref, label, _ in reversed(self._live.values()):
             storage = ref()
-            if storage is not None:
+            if storage is not None and id(storage) not in seen:
+                seen.add(id(storage))
                 live[label] += storage.nbytes()
         now = sum(live.values())
         if now > self.peak:

@@ -64,29 +64,34 @@ class _TiledMLP(torch.autograd.Function):
         want_x = ctx.needs_input_grad[3]
         rows, grad_rows = x.reshape(-1, x.shape[-1]), grad_out.reshape(-1, grad_out.shape[-1])
         grad_x = torch.empty_like(rows) if want_x else None
-        grad_params: list[torch.Tensor | None] = [None] * len(params)
+        # The parameters' gradients are summed over the tiles in their own `.grad`, where autograd adds
+        # each weight's tile gradient as soon as it exists: one transient weight gradient at a time,
+        # where collecting a tile's gradients first would hold all of them next to the running sums.
+        # Whatever `.grad` held before is put back, and the sums go out as this function's gradients.
+        held = [p.grad for p in params]
+        for p in params:
+            p.grad = None
         start = 0
-        for piece, grad_piece in zip(
-            rows.tensor_split(ctx.tiles), grad_rows.tensor_split(ctx.tiles), strict=True
-        ):
-            piece = piece.detach().requires_grad_(want_x)
-            with torch.enable_grad():
-                y = ctx.forward(piece)
-            if isinstance(y, AsyncCollectiveTensor):
-                # a tensor-parallel MLP ends in an all-reduce whose result the gradient does not
-                # read; a collective nobody waits for keeps its buffers until the process ends
-                y.wait()
-            grads = torch.autograd.grad(
-                y, ([piece] if want_x else []) + params, grad_piece, allow_unused=True
-            )
-            if grad_x is not None:
-                grad_x[start : start + piece.shape[0]] = grads[0]
-                grads = grads[1:]
-            for i, g in enumerate(grads):
-                held = grad_params[i]
-                grad_params[i] = g if held is None else (held if g is None else held.add_(g))
-            start += piece.shape[0]
-        found = iter(grad_params)
+        try:
+            for piece, grad_piece in zip(
+                rows.tensor_split(ctx.tiles), grad_rows.tensor_split(ctx.tiles), strict=True
+            ):
+                piece = piece.detach().requires_grad_(want_x)
+                with torch.enable_grad():
+                    y = ctx.forward(piece)
+                if isinstance(y, AsyncCollectiveTensor):
+                    # a tensor-parallel MLP ends in an all-reduce whose result the gradient does not
+                    # read; a collective nobody waits for keeps its buffers until the process ends
+                    y.wait()
+                torch.autograd.backward(y, grad_piece, inputs=([piece] if want_x else []) + params)
+                if grad_x is not None:
+                    grad_x[start : start + piece.shape[0]] = piece.grad
+                start += piece.shape[0]
+            sums = [p.grad for p in params]
+        finally:
+            for p, before in zip(params, held, strict=True):
+                p.grad = before
+        found = iter(sums)
         per_param = [next(found) if need else None for need in wanted]
         return None, None, None, (grad_x.view_as(x) if grad_x is not None else None), *per_param
 

@@ -1,4 +1,5 @@
-"""Ulysses × ring and packed documents through the whole trainer: the same loss curve as one process.
+"""Ulysses × ring and packed documents through the whole trainer, native and pretrained models: the same
+loss curve as one process.
 
 USP (ulysses 2; ulysses 2 × ring 2, zigzag and striped; ulysses 2 × data-parallel 2) and `data.pack: documents`
 on any layout change only where tokens are computed, never the math: fp32 loss within 1e-5 relative, as in
@@ -102,3 +103,30 @@ def test_bad_ulysses_size_names_the_field() -> None:
     ) as e:  # zigzag ring 2 (4 chunks) × ulysses 2 (2 pieces per shard): % 4
         tiny_spec(parallel={"ulysses_size": 2, "ring_size": 2}, data={"seq_len": 198})
     assert e.value.errors()[0]["loc"] == ("data", "seq_len")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_pretrained_model_on_ulysses_matches_one_process(tmp_path) -> None:
+    """A transformers checkpoint (Qwen2, GQA 4/2 heads, q/k/v biases) on Ulysses 2 and Ulysses 2 × ring 2:
+    its heads go through the all-to-all inside transformers' own attention modules."""
+    from tests.support.hf_fixtures import write_checkpoint
+
+    model_dir, corpus = tmp_path / "qwen2", tmp_path / "corpus.txt"
+    write_checkpoint(model_dir, "qwen2")
+    corpus.write_text(DOCS)
+
+    def spec(**parallel: object) -> str:
+        return tiny_spec(
+            model={"kind": "hf", "path": str(model_dir)},
+            data={"kind": "text", "path": str(corpus), "seq_len": 96},
+            parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel},
+        ).model_dump_json()
+
+    ref = series(train(0, 1, spec(), None, K)["points"], "loss")
+    assert ref[-1] < ref[0]
+    two = run_distributed(_run_all, 2, [spec(ulysses_size=2)])[0]
+    four = run_distributed(_run_all, 4, [spec(ulysses_size=2, ring_size=2)])[0]
+    got = {"u2": _close(two[0], ref), "u2 x ring2": _close(four[0], ref)}
+    print("MEASURED relative loss difference (pretrained):", got)
+    assert max(got.values()) <= RTOL, got
