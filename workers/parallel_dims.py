@@ -222,11 +222,11 @@ def chunks_per_rank(layout: str) -> int:
 MAX_BACKWARD_HEAD_CHUNKS = 4
 
 
-def backward_head_chunks(kv_heads: int, ring_size: int, packed: bool = False) -> int:
+def backward_head_chunks(kv_heads: int, ring_size: int) -> int:
     """K/V-head chunks the ring backward runs in (`workers.attention.ring`, and the planner's ring
     buffers): the most up to MAX_BACKWARD_HEAD_CHUNKS that divide the K/V heads; 1 on a ring of one
-    (nothing travels) and for packed varlen steps (their flat index layout is not cut by heads)."""
-    if ring_size == 1 or packed or kv_heads < 1:
+    (nothing travels)."""
+    if ring_size == 1 or kv_heads < 1:
         return 1
     top = min(kv_heads, MAX_BACKWARD_HEAD_CHUNKS)
     return max(c for c in range(1, top + 1) if kv_heads % c == 0)

@@ -230,7 +230,7 @@ def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
             return tuple(g.to(q.dtype) for g in grads)
     dq = torch.zeros(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
     kv_heads = kv.shape[3]
-    chunks = backward_head_chunks(kv_heads, world, packed=isinstance(steps, _Packed))
+    chunks = backward_head_chunks(kv_heads, world)
     if chunks == 1:
         k_dtype, own = kv.dtype, [kv]
         del kv  # `own` is the only reference now: the ring lets go of it once it has left
