@@ -10,14 +10,12 @@ from workers.config import JobSpec
 from workers.data.batch import Batch, from_windows, take_shard
 from workers.data.cache import CachedTextSource, cached_dataset
 from workers.data.dataset import DatasetError, PreparedDataset, open_dataset
-from workers.data.pack import PackedTextSource
 from workers.data.passkey import PasskeySample, PasskeySource, make_sample, sample_generator
 from workers.data.prepare import BYTES
-from workers.data.text import TextSource, load_corpus
 from workers.data.tokenizer import VOCAB_SIZE, ByteTokenizer, HFTokenizer, tokenizer_for
 from workers.data.tokens import TokensSource
 
-DataSource = PasskeySource | TextSource | PackedTextSource | TokensSource | CachedTextSource
+DataSource = PasskeySource | TokensSource | CachedTextSource
 
 
 def build_source(spec: JobSpec) -> DataSource:
@@ -50,16 +48,13 @@ __all__ = [
     "CachedTextSource",
     "DataSource",
     "DatasetError",
-    "PackedTextSource",
     "PasskeySample",
     "PasskeySource",
     "PreparedDataset",
-    "TextSource",
     "TokensSource",
     "build_source",
     "cached_dataset",
     "from_windows",
-    "load_corpus",
     "make_sample",
     "open_dataset",
     "sample_generator",

@@ -42,7 +42,8 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     """Text ↔ UTF-8 bytes (id = byte). Decoding replaces invalid sequences (a model can emit any byte).
 
-    NUL (id 0) is the document separator, as in `workers.data.text`.
+    NUL (id 0) is the document separator, as in corpora prepared with the bytes tokenizer
+    (`workers.data.prepare` closes every document with it).
     """
 
     vocab_size = VOCAB_SIZE

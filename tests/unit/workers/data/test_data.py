@@ -1,9 +1,15 @@
-"""Data: byte tokenizer, passkey samples, text corpora, layout-independent global batches."""
+"""Data: byte tokenizer, passkey samples, text corpora, layout-independent global batches.
+
+Text corpora are read as jobs read them: `build_source` of a `kind: text` spec, a `CachedTextSource`
+(prepared once into the data cache, here under tmp_path, and read by `TokensSource`).
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,8 +17,8 @@ from tests.support.dist import run_distributed
 from tests.support.trainutil import one_thread, series, tiny_spec
 from workers.data import (
     ByteTokenizer,
+    CachedTextSource,
     PasskeySource,
-    TextSource,
     build_source,
     from_windows,
     make_sample,
@@ -106,6 +112,14 @@ def test_global_batch_does_not_depend_on_the_parallel_layout():
     assert torch.equal(torch.cat([d.inputs for d in dp]), batches[0].inputs)
 
 
+@pytest.fixture
+def data_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A fresh data cache under tmp_path for the `kind: text` corpora of a test."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("RINGTRAIN_DATA_CACHE", str(root))
+    return root
+
+
 def _write_corpora(tmp_path):
     docs = [
         f"document {i}: " + " ".join(str(j * j * 7 + i) for j in range(40 + 3 * i))
@@ -122,46 +136,72 @@ def _write_corpora(tmp_path):
     return docs
 
 
-def test_text_corpora_pack_deterministically_and_resume(tmp_path):
+def _text_source(path: Path, seq_len: int, seed: int, text_field: str = "text") -> CachedTextSource:
+    """The source a `kind: text`, `pack: windows` job over `path` reads."""
+    data = {"kind": "text", "path": str(path), "seq_len": seq_len, "text_field": text_field}
+    src = build_source(tiny_spec(data={**data, "pack": "windows"}, train={"seed": seed}))
+    assert isinstance(src, CachedTextSource) and src.pack == "windows"
+    return src
+
+
+def _stream(src: CachedTextSource) -> bytes:
+    """The source's whole token stream (every document closed by eos), as bytes."""
+    tokens, _ = src.ds.read(0, src.ds.num_tokens)
+    return np.asarray(tokens, dtype=np.uint8).tobytes()
+
+
+def test_text_corpora_pack_deterministically_and_resume(tmp_path, data_cache):
     docs = _write_corpora(tmp_path)
     seq_len = 64
     sources = [
-        TextSource(tmp_path / "c.txt", seq_len, seed=1),
-        TextSource(tmp_path / "c.jsonl", seq_len, seed=1, text_field="body"),
-        TextSource(tmp_path / "c.parquet", seq_len, seed=1, text_field="body"),
+        _text_source(tmp_path / "c.txt", seq_len, seed=1),
+        _text_source(tmp_path / "c.jsonl", seq_len, seed=1, text_field="body"),
+        _text_source(tmp_path / "c.parquet", seq_len, seed=1, text_field="body"),
     ]
-    # all three formats yield the same flat stream (documents joined by NUL)
+    assert all(s.ds.path.parent == data_cache for s in sources)
+    # all three formats yield the same flat stream (documents joined by NUL, the last one closed by it
+    # too), so the same windows and the same batches
+    stream = ("\x00".join(docs) + "\x00").encode()
+    for s in sources:
+        assert _stream(s) == stream and s.n_windows == sources[0].n_windows
     for s in sources[1:]:
-        assert s.tokens.tobytes() == sources[0].tokens.tobytes()
+        assert torch.equal(s.global_batch(2, 4).inputs, sources[0].global_batch(2, 4).inputs)
     src = sources[0]
-    assert src.n_windows == (len("\x00".join(docs).encode()) - 1) // seq_len
+    assert src.n_windows == (len(stream) - 1) // seq_len
     # One epoch visits every window exactly once, in a seeded order.
     steps = src.n_windows // 2
     seen = torch.cat([src.global_batch(step, 2).inputs for step in range(steps)])
-    windows = {bytes(src.tokens[w * seq_len : (w + 1) * seq_len]): w for w in range(src.n_windows)}
+    windows = {stream[w * seq_len : (w + 1) * seq_len]: w for w in range(src.n_windows)}
     assert (
         len(windows) == src.n_windows
     )  # the corpus has no repeated windows, so rows identify windows
-    visited = [windows[bytes(row.to(torch.uint8).tolist())] for row in seen]
+    visited = [windows[bytes(row.tolist())] for row in seen]
     assert len(set(visited)) == len(visited) == 2 * steps and visited != sorted(visited)
     b = src.global_batch(3, 2)
     assert torch.equal(b.inputs[:, 1:], b.labels[:, :-1]) and b.inputs.shape == (2, seq_len)
+    for inputs, labels in zip(b.inputs, b.labels, strict=True):  # a window is seq_len + 1 tokens
+        at = windows[bytes(inputs.tolist())] * seq_len + 1
+        assert bytes(labels.tolist()) == stream[at : at + seq_len]
     # Resumable: a fresh source restored from the state produces the same next batch.
     state = src.state_dict()
-    fresh = TextSource(tmp_path / "c.txt", seq_len, seed=1)
+    assert state["kind"] == "text" and state["samples_consumed"] == 8
+    fresh = _text_source(tmp_path / "c.txt", seq_len, seed=1)
     fresh.load_state_dict(state)
     assert fresh.samples_consumed == src.samples_consumed
     assert torch.equal(fresh.global_batch(7, 2).inputs, src.global_batch(7, 2).inputs)
-    # Different seed: different order. Different corpus: the state is refused.
+    # Different seed: different order, and the state is refused. Different corpus: refused too.
+    other_seed = _text_source(tmp_path / "c.txt", seq_len, seed=2)
     assert not torch.equal(
-        TextSource(tmp_path / "c.txt", seq_len, seed=2).global_batch(0, 4).inputs,
-        TextSource(tmp_path / "c.txt", seq_len, seed=1).global_batch(0, 4).inputs,
+        other_seed.global_batch(0, 4).inputs,
+        _text_source(tmp_path / "c.txt", seq_len, seed=1).global_batch(0, 4).inputs,
     )
+    with pytest.raises(ValueError, match="seed or packing changed"):
+        other_seed.load_state_dict(state)
     (tmp_path / "d.txt").write_text("other text " * 100)
-    with pytest.raises(ValueError, match="corpus or seed changed"):
-        TextSource(tmp_path / "d.txt", seq_len, seed=1).load_state_dict(state)
-    with pytest.raises(ValueError, match="fewer than seq_len"):
-        TextSource(tmp_path / "d.txt", 4096, seed=1)
+    with pytest.raises(ValueError, match="dataset, seed or packing changed"):
+        _text_source(tmp_path / "d.txt", seq_len, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="fewer training tokens than seq_len"):
+        _text_source(tmp_path / "d.txt", 4096, seed=1)
 
 
 def _reassemble(rank: int, world: int) -> bool:
@@ -220,7 +260,7 @@ def test_loss_decreases_on_a_small_passkey_run():
     )  # filler is predictable: a working model learns it quickly
 
 
-def test_text_job_trains_and_resumes_its_data_position(tmp_path):
+def test_text_job_trains_and_resumes_its_data_position(tmp_path, data_cache):
     _write_corpora(tmp_path)
     spec = tiny_spec(
         data={
@@ -235,6 +275,7 @@ def test_text_job_trains_and_resumes_its_data_position(tmp_path):
     first = run_training(spec, checkpoint_dir=tmp_path / "ck", emit=points.append, max_steps=2)
     second = run_training(spec, checkpoint_dir=tmp_path / "ck", emit=points.append)
     assert (first.final_step, second.resumed_from, second.final_step) == (2, 2, 4)
+    assert (data_cache / "index").is_dir()  # the job read the corpus through the cache
     state = torch.load(tmp_path / "ck" / "step-000004" / "state.pt", weights_only=False)
     assert state["data"]["samples_consumed"] == 8 and state["data"]["kind"] == "text"
     loss = series([p.model_dump() for p in points], "loss")

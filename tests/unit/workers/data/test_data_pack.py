@@ -1,6 +1,10 @@
 """`data.pack: documents`: whole documents per sequence, positions restart, labels never cross a boundary,
 the same global batch on any layout, and a loss through ring attention equal to running every document
-on its own (which fails if attention crosses a document boundary or positions do not restart)."""
+on its own (which fails if attention crosses a document boundary or positions do not restart).
+
+Sources are built as jobs build them: `build_source` of a `kind: text` spec, a `CachedTextSource` (the
+corpus prepared once into the data cache, here under tmp_path, and read by `TokensSource`).
+"""
 
 from __future__ import annotations
 
@@ -14,12 +18,24 @@ import torch.distributed as dist
 
 from tests.support.attention_cases import reference_attention
 from tests.support.dist import run_distributed
+from tests.support.trainutil import tiny_spec
 from workers.attention import ring_attention, unshard_sequence
+from workers.data import CachedTextSource, build_source
 from workers.data.batch import take_shard
-from workers.data.pack import PackedTextSource, pack_sequences
+from workers.data.pack import pack_sequences
 from workers.data.tokenizer import ByteTokenizer
+from workers.data.tokens import Cursor
 
 SEQ = 72
+FIELDS = ("inputs", "labels", "weights", "cu_seqlens", "doc_positions")
+
+
+@pytest.fixture
+def data_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A fresh data cache under tmp_path (inherited by the processes `run_distributed` spawns)."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("RINGTRAIN_DATA_CACHE", str(root))
+    return root
 
 
 def _corpus(tmp: Path) -> Path:
@@ -43,12 +59,46 @@ def _corpus(tmp: Path) -> Path:
     return path
 
 
-def test_packing_properties(tmp_path: Path) -> None:
-    src = PackedTextSource(_corpus(tmp_path), SEQ, seed=3)
-    n_seq = len(src._epoch(0))
-    seen = []
+def _pieces(path: Path) -> list[bytes]:
+    """What the corpus should be cut into, computed from the file alone: every document's bytes closed by
+    eos, cut into SEQ pieces."""
+    eos = bytes([ByteTokenizer.eos_id or 0])
+    docs = [json.loads(line)["text"].encode() + eos for line in path.read_text().splitlines()]
+    return [d[i : i + SEQ] for d in docs for i in range(0, len(d), SEQ)]
+
+
+def source(path: str | Path, seed: int) -> CachedTextSource:
+    """The source a `kind: text`, `pack: documents` job over `path` reads."""
+    spec = tiny_spec(
+        data={"kind": "text", "path": str(path), "seq_len": SEQ, "pack": "documents"},
+        train={"seed": seed},
+    )
+    src = build_source(spec)
+    assert isinstance(src, CachedTextSource) and src.pack == "documents"
+    return src
+
+
+def epoch_packing(src: CachedTextSource) -> list[list[tuple[int, int]]]:
+    """The (document, piece) pairs of each sequence of epoch 0, from the source's own cursors."""
+    out, cursor = [], src._cursor(0)
+    while cursor.epoch == 0:
+        pieces, cursor = src._advance(cursor)
+        out.append(pieces)
+    return out
+
+
+def test_packing_properties(tmp_path: Path, data_cache: Path) -> None:
+    path = _corpus(tmp_path)
+    src = source(path, seed=3)
+    assert src.ds.path.parent == data_cache
+    packing = epoch_packing(src)
+    n_seq = len(packing)
+    assert src._cursor(n_seq - 1).epoch == 0 and src._cursor(n_seq).epoch == 1
+    eos = ByteTokenizer.eos_id
+    seen: list[bytes] = []  # the documents' pieces of every sequence of epoch 0, in order
     for g in range(n_seq):
-        inputs, labels, weights, pos, bounds = src.sequence(g)
+        inputs, labels, weights, pos, bounds_t = src.sequence(g)
+        bounds = bounds_t.tolist()
         assert bounds[0] == 0 and bounds[-1] == SEQ and bounds == sorted(bounds)
         for a, b in itertools.pairwise(bounds):
             assert pos[a:b].tolist() == list(range(b - a))  # positions restart in every document
@@ -56,33 +106,52 @@ def test_packing_properties(tmp_path: Path) -> None:
             assert torch.equal(
                 labels[a : b - 1][weights[a : b - 1] > 0], inputs[a + 1 : b][weights[a : b - 1] > 0]
             )
-        seen.extend(src._epoch(0)[g])
-    # every piece exactly once per epoch, whole
-    assert sorted(seen) == list(range(len(src.pieces)))
-    assert all(len(p) <= SEQ for p in src.pieces) and any(len(p) == 1 for p in src.pieces)
-    eos = ByteTokenizer.eos_id
-    assert all(int(p[-1]) == eos for p in src.pieces if len(p) < SEQ)
+        real = bounds[: len(packing[g]) + 1]  # the pieces; the rest (if any) is one padding segment
+        assert len(bounds) - len(real) == (real[-1] < SEQ)
+        assert not weights[real[-1] :].any() and inputs[real[-1] :].eq(src.pad_id).all()
+        seen.extend(bytes(inputs[a:b].tolist()) for a, b in itertools.pairwise(real))
+    # every piece exactly once per epoch, whole, in a seeded (not file) order of documents
+    want = _pieces(path)
+    assert sorted(seen) == sorted(want) and len(seen) == len(want)
+    docs = [d for seq in packing for d, _ in seq]
+    assert docs != sorted(docs)
+    assert all(len(p) <= SEQ for p in seen) and any(len(p) == 1 for p in seen)
+    assert all(p[-1] == eos for p in seen if len(p) < SEQ)
+    # next-fit: the sequences are `pack_sequences` of the pieces in the order they are visited
+    ends = itertools.accumulate(len(seq) for seq in packing)
+    groups = [list(range(end - len(seq), end)) for end, seq in zip(ends, packing, strict=True)]
+    assert pack_sequences([len(p) for p in seen], list(range(len(seen))), SEQ) == groups
     # labels are inputs shifted within documents: total labelled tokens = tokens - documents (- padding)
     total = sum(float(src.sequence(g)[2].sum()) for g in range(n_seq))
-    assert total == src.n_tokens - len(src.pieces)
+    assert total == src.ds.num_tokens - len(want) == sum(len(p) for p in want) - len(want)
 
 
-def test_batch_cu_seqlens_and_resume(tmp_path: Path) -> None:
+def test_batch_cu_seqlens_and_resume(tmp_path: Path, data_cache: Path) -> None:
     path = _corpus(tmp_path)
-    src = PackedTextSource(path, SEQ, seed=5)
-    b = src.global_batch(4, 3)  # crosses into the second epoch for this corpus size
+    src = source(path, seed=5)
+    n_seq = len(epoch_packing(src))
+    step = (n_seq - 1) // 3  # its 3 rows hold the last sequence of epoch 0 and the first of epoch 1
+    first = 3 * step
+    assert first < n_seq <= first + 2 and src._cursor(first + 2).epoch == 1, n_seq
+    b = src.global_batch(step, 3)
     cu = b.cu_seqlens
     assert cu.dtype == torch.int32 and int(cu[0]) == 0 and int(cu[-1]) == 3 * SEQ
     assert {0, SEQ, 2 * SEQ} <= set(cu.tolist())
     q = torch.randn(3, SEQ, 2, 4)
     ring_attention(q, q, q, cu_seqlens=cu)  # accepted as is
-    again = PackedTextSource(path, SEQ, seed=5)
-    again.load_state_dict(src.state_dict())
-    b2 = again.global_batch(4, 3)
-    for f in ("inputs", "labels", "weights", "cu_seqlens", "doc_positions"):
-        assert torch.equal(getattr(b, f), getattr(b2, f)), f
+    state = src.state_dict()
+    assert state["kind"] == "text-documents" and state["samples_consumed"] == first + 3
+    assert state["cursor"][:2] == [first + 3, 1]  # where the next sequence starts: in epoch 1
+    following = src.global_batch(step + 1, 3)
+    again = source(path, seed=5)
+    again.load_state_dict(state)
+    assert again._last == Cursor(*state["cursor"])  # a resume starts from the cursor, no scan
+    b2, b1 = again.global_batch(step + 1, 3), again.global_batch(step, 3)
+    for f in FIELDS:
+        assert torch.equal(getattr(following, f), getattr(b2, f)), f
+        assert torch.equal(getattr(b, f), getattr(b1, f)), f
     with pytest.raises(ValueError, match="seed"):
-        PackedTextSource(path, SEQ, seed=6).load_state_dict(src.state_dict())
+        source(path, seed=6).load_state_dict(state)
 
 
 def test_next_fit() -> None:
@@ -113,7 +182,7 @@ def _tiny_loss(inputs, pos, labels, weights, cu, layout, group):  # type: ignore
 
 
 def packed_loss_vs_documents(rank: int, world: int, path: str, layouts: list[str]) -> list[dict]:
-    src = PackedTextSource(path, SEQ, seed=1)
+    src = source(path, seed=1)  # the corpus is already in the cache: every rank opens it
     batch = src.global_batch(2, 4)
     out = []
     for layout in layouts:
@@ -137,7 +206,7 @@ def packed_loss_vs_documents(rank: int, world: int, path: str, layouts: list[str
     # reference: every document alone, single process, positions from 0
     ref = torch.zeros((), dtype=torch.float64)
     for row in range(4):
-        _, _, _, _, bounds = src.sequence(8 + row)
+        bounds = src.sequence(8 + row)[4].tolist()
         for a, b in itertools.pairwise(bounds):
             sl = slice(a, b)
             ref += _tiny_loss(
@@ -149,8 +218,9 @@ def packed_loss_vs_documents(rank: int, world: int, path: str, layouts: list[str
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("world", [1, 3])
-def test_packed_loss_equals_documents_alone(world: int, tmp_path: Path) -> None:
+def test_packed_loss_equals_documents_alone(world: int, tmp_path: Path, data_cache: Path) -> None:
     path = str(_corpus(tmp_path))
+    source(path, seed=1)  # prepared here, once
     for per_rank in run_distributed(
         packed_loss_vs_documents, world, path, ["zigzag", "striped", "contiguous"]
     ):
@@ -159,10 +229,10 @@ def test_packed_loss_equals_documents_alone(world: int, tmp_path: Path) -> None:
             assert abs(res["loss"] - res["ref"]) <= 1e-10 * abs(res["ref"]), res
 
 
-def test_the_loss_check_catches_leaks(tmp_path: Path) -> None:
+def test_the_loss_check_catches_leaks(tmp_path: Path, data_cache: Path) -> None:
     """The equality above is not vacuous: attending across documents, or positions that do not restart,
     change this batch's loss."""
-    src = PackedTextSource(_corpus(tmp_path), SEQ, seed=1)
+    src = source(_corpus(tmp_path), seed=1)
     b = src.global_batch(2, 4)
     assert len(b.cu_seqlens) > 4 + 4  # several documents per row
     good = _tiny_loss(b.inputs, b.doc_positions, b.labels, b.weights, b.cu_seqlens, "zigzag", None)
