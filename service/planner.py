@@ -21,7 +21,7 @@ whole step. With a = bytes per activation (4 on CPU; 2 on CUDA, bf16 under autoc
                                                    fp32 gradient sum, hidden states and their gradient)
     ring_buffers= T·(2·d_kv/G)·2·(a + 4)          (ring > 1: one K/V-head chunk's K and V, held and in
                                                    flight, and their fp32 dK/dV, travelling and arriving;
-                                                   G = `backward_head_chunks`)
+                                                   G = `ring_head_chunks`)
 
 and, per token, with blk = 6·d + 2·d_q + 2·d_kv + h (norm outputs and weighted copies, q/k/v/out, lse,
 residual sums) and mlp = 4·f (SwiGLU's gate, up, SiLU, product; 0 inside `blk` when tiled):
@@ -64,11 +64,11 @@ from workers.parallel_dims import (
     STRICT_PACK,
     ParallelDims,
     WorkerLocation,
-    backward_head_chunks,
     bundles_per_node,
     choose_strategy,
     rank_bundle,
     resolve_accelerator,
+    ring_head_chunks,
 )
 
 
@@ -193,7 +193,7 @@ def _ring_buffer_bytes(ring: int, kv_heads: int, kvd: int, tokens: int, act_byte
     dtype) and its dK/dV travelling and arriving (fp32); nothing travels on a ring of one."""
     if ring == 1:
         return 0
-    per_chunk = 2 * kvd // backward_head_chunks(kv_heads, ring)  # K and V floats per token
+    per_chunk = 2 * kvd // ring_head_chunks(kv_heads, ring)  # K and V floats per token
     return tokens * per_chunk * 2 * (act_bytes + 4)
 
 

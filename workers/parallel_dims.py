@@ -215,20 +215,21 @@ def chunks_per_rank(layout: str) -> int:
 # --- accelerator and bundles ------------------------------------------------------------------
 
 
-# The ring backward's buffers (K/V held and in flight, dK/dV travelling and arriving: four times a
-# rank's K/V) are the largest thing it holds per token. Run over this many K/V-head chunks, one chunk's
-# full ring after another, they shrink to four times a chunk's; the bytes sent are the same, in more,
-# smaller messages. Heads are independent, so the result is the same to the bit.
-MAX_BACKWARD_HEAD_CHUNKS = 4
+# What ring attention holds beyond its saved tensors is its ring buffers: in the forward, the K/V in
+# hand and the K/V in flight; in the backward, those plus dK/dV travelling and arriving (four times a
+# rank's K/V). Run over this many K/V-head chunks, one chunk's full ring after another, they shrink to a
+# chunk's; the bytes sent are the same, in more, smaller messages. Heads are independent, so the result
+# is the same to the bit.
+MAX_RING_HEAD_CHUNKS = 4
 
 
-def backward_head_chunks(kv_heads: int, ring_size: int) -> int:
-    """K/V-head chunks the ring backward runs in (`workers.attention.ring`, and the planner's ring
-    buffers): the most up to MAX_BACKWARD_HEAD_CHUNKS that divide the K/V heads; 1 on a ring of one
-    (nothing travels)."""
+def ring_head_chunks(kv_heads: int, ring_size: int) -> int:
+    """K/V-head chunks ring attention's forward and backward run in (`workers.attention.ring`, and the
+    planner's ring buffers): the most up to MAX_RING_HEAD_CHUNKS that divide the K/V heads; 1 on a ring
+    of one (nothing travels)."""
     if ring_size == 1 or kv_heads < 1:
         return 1
-    top = min(kv_heads, MAX_BACKWARD_HEAD_CHUNKS)
+    top = min(kv_heads, MAX_RING_HEAD_CHUNKS)
     return max(c for c in range(1, top + 1) if kv_heads % c == 0)
 
 

@@ -20,7 +20,7 @@ from workers.attention.layouts import _rank_world, check_layout
 from workers.attention.merge import merge_
 from workers.attention.plan import ALL_ROWS, Block, Documents, ring_plan
 from workers.attention.varlen import Pack, VarlenKernel, ring_packs, select_varlen
-from workers.parallel_dims import backward_head_chunks
+from workers.parallel_dims import ring_head_chunks
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -206,6 +206,28 @@ def _fold_ring(q, kv, steps: Steps, comm, world, overlap):
     return run.out, run.lse
 
 
+def _forward(q, kv, steps: Steps, comm, world, overlap):
+    """(out in q's dtype, lse): the ring folded over K/V-head chunks (`ring_head_chunks`), one chunk's full
+    ring after another, so that only a chunk's K/V are in hand and in flight besides the rank's own."""
+    kv_heads = kv.shape[3]
+    chunks = ring_head_chunks(kv_heads, world)
+    if chunks == 1:
+        out, lse = _fold_ring(q, kv, steps, comm, world, overlap)
+        return out.to(q.dtype), lse
+    b, n, h, _ = q.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, n), dtype=_acc_dtype(q.dtype), device=q.device)
+    per_chunk = kv_heads // chunks
+    per_q = per_chunk * (h // kv_heads)  # query heads sharing those K/V heads
+    for c in range(chunks):
+        ks, hs = slice(c * per_chunk, (c + 1) * per_chunk), slice(c * per_q, (c + 1) * per_q)
+        out_c, lse_c = _fold_ring(q[:, :, hs], kv[:, :, :, ks], steps, comm, world, overlap)
+        out[:, :, hs] = out_c
+        lse[:, hs] = lse_c
+        del out_c, lse_c
+    return out, lse
+
+
 def _exchanging(comm: RingComm | None) -> RingComm:
     """The comm of an exchange; it is None only for a single rank, which never exchanges."""
     if comm is None:
@@ -230,7 +252,7 @@ def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
             return tuple(g.to(q.dtype) for g in grads)
     dq = torch.zeros(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
     kv_heads = kv.shape[3]
-    chunks = backward_head_chunks(kv_heads, world)
+    chunks = ring_head_chunks(kv_heads, world)
     if chunks == 1:
         k_dtype, own = kv.dtype, [kv]
         del kv  # `own` is the only reference now: the ring lets go of it once it has left
@@ -300,8 +322,7 @@ class _RingAttention(torch.autograd.Function):
         steps = _steps(q, causal, layout, rank, world, scale, docs)
         # K and V stacked once: the send buffer, and what backward starts from (saved instead of k and v)
         kv = torch.stack([k, v])
-        out, lse = _fold_ring(q, kv, steps, comm, world, overlap)
-        out = out.to(q.dtype)
+        out, lse = _forward(q, kv, steps, comm, world, overlap)
         ctx.save_for_backward(q, kv, out, lse)
         ctx.args = (steps, group, world)
         return out

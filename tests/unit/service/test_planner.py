@@ -85,7 +85,7 @@ def test_tensor_groups_land_on_one_node_and_need_whole_pairs() -> None:
 
 def test_memory_estimate_divides_what_tensor_parallelism_splits() -> None:
     from service.planner import block_param_count, local_block_param_count, memory_estimate
-    from workers.parallel_dims import backward_head_chunks
+    from workers.parallel_dims import ring_head_chunks
 
     one, two = _spec(ring_size=2), _spec(ring_size=2, tensor_size=2)
     m = one.model
@@ -98,8 +98,8 @@ def test_memory_estimate_divides_what_tensor_parallelism_splits() -> None:
     assert e2["bytes"]["params"] == 4 * (m.n_layers * local_block_param_count(two) + root) // 2
     assert e1["bytes"]["params"] == 4 * param_count(one) // 2
     assert e2["local_tokens"] == e1["local_tokens"]  # a tensor group holds the same tokens
-    # half the K/V heads per rank; the ring backward runs them in `backward_head_chunks` chunks
-    chunks = [backward_head_chunks(m.kv_heads // t, 2) for t in (1, 2)]
+    # half the K/V heads per rank; the ring backward runs them in `ring_head_chunks` chunks
+    chunks = [ring_head_chunks(m.kv_heads // t, 2) for t in (1, 2)]
     per_head_chunk = [e["bytes"]["ring_buffers"] * c for e, c in zip((e1, e2), chunks, strict=True)]
     assert per_head_chunk[1] == per_head_chunk[0] // 2
     assert e2["bytes"]["activations"] < e1["bytes"]["activations"]

@@ -26,7 +26,7 @@ from workers.attention.kernels import TorchCpuFlash
 from workers.attention.plan import Documents, block_for_step, ring_plan
 from workers.attention.ring import documents, kernel_calls
 from workers.attention.varlen import LoopVarlen, ring_packs, select_varlen
-from workers.parallel_dims import backward_head_chunks
+from workers.parallel_dims import ring_head_chunks
 
 LAYOUTS = ["contiguous", "zigzag", "striped"]
 TOL = {"torch.float64": 1e-10, "torch.float32": 1e-5}
@@ -208,23 +208,23 @@ def packed_vs_reference(rank: int, world: int, cases: list[dict]) -> dict[str, A
     results = doc_ring_vs_reference(rank, world, cases)
     ran = Counter(kernel_calls)
     ran.subtract(before)
-    # one varlen call per pack forward, and per pack and K/V-head chunk backward, per case
-    packs = backward = 0
+    # one varlen call per pack and K/V-head chunk, each way, per case
+    packs = calls_each_way = 0
     for c in cases:
         docs = documents(torch.tensor(c["cu_seqlens"], dtype=torch.int32), c["b"], c["s"])
         steps = ring_packs(c["layout"], c["causal"], rank, world, c["s"] // world, docs, c["b"])
         n = sum(len(step) for step in steps)
         packs += n
-        backward += n * backward_head_chunks(c["hk"], world)
+        calls_each_way += n * ring_head_chunks(c["hk"], world)
     calls = {"/".join(k): n for k, n in ran.items() if n}
-    return {"results": results, "calls": calls, "packs": packs, "backward": backward}
+    return {"results": results, "calls": calls, "packs": packs, "each_way": calls_each_way}
 
 
 @pytest.mark.parametrize("world", [1, 3])
 def test_packed_varlen_path_matches_reference(world: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ring step as at most two varlen calls (gather, merge, scatter) is as exact as the
-    per-block path, and that path is the one that ran: on every rank, one packed call per pack
-    forward, one per pack and K/V-head chunk backward, and no per-block call."""
+    per-block path, and that path is the one that ran: on every rank, one packed call per pack and
+    K/V-head chunk each way, and no per-block call."""
     monkeypatch.setenv("RINGTRAIN_ATTN_VARLEN", "loop")
     cases = [c for c in _cases(world) if c["dtype"] == torch.float64 or c["name"] == "per row"]
     run = run_distributed if world > 1 else lambda fn, _, *a: [fn(0, 1, *a)]
@@ -233,7 +233,7 @@ def test_packed_varlen_path_matches_reference(world: int, monkeypatch: pytest.Mo
     for rank, got in enumerate(ranks):
         _check(got["results"])
         assert got["packs"] > 0
-        want = {"packed/forward": got["packs"], "packed/backward": got["backward"]}
+        want = {"packed/forward": got["each_way"], "packed/backward": got["each_way"]}
         assert got["calls"] == want, (rank, got["calls"], want)
 
 

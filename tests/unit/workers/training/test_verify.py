@@ -270,8 +270,9 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
     )
     forward_sends = list(sent)
     out = ring.ring_attention(*mine, layout="zigzag")
+    ring_forward_sends = sent[len(forward_sends) :]
     out.backward(dout[:, rows].to(torch.bfloat16))
-    backward_sends = sent[2 * len(forward_sends) :]
+    backward_sends = sent[len(forward_sends) + len(ring_forward_sends) :]
     full = [x.to(torch.bfloat16).float().requires_grad_() for x in (q, k, v)]
     ref = dense_attention(*full)
     ref.backward(dout.to(torch.bfloat16).float())
@@ -280,6 +281,7 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
     return {
         "merged": [str(merged_out.dtype), str(merged_lse.dtype)],
         "forward_sends": [str(d) for d in forward_sends],
+        "ring_forward_sends": [str(d) for d in ring_forward_sends],
         "backward_sends": [str(d) for d in backward_sends],
         "grad_dtypes": [str(m.grad.dtype) for m in mine],
         "errors": [float((a.float() - b[:, rows]).norm() / b[:, rows].norm()) for a, b in pairs],
@@ -288,17 +290,19 @@ def _bf16_ring(rank: int, world: int) -> dict[str, Any]:
 
 @pytest.mark.multiprocess
 def test_bf16_ring_merges_and_sends_gradients_in_fp32() -> None:
-    from workers.parallel_dims import backward_head_chunks
+    from workers.parallel_dims import ring_head_chunks
 
     world = 3
     bf16, fp32 = "torch.bfloat16", "torch.float32"
     for r in run_distributed(_bf16_ring, world):
         assert r["merged"] == [fp32, fp32]  # the online-softmax merge runs in fp32
         assert r["forward_sends"] == [bf16] * (world - 1)  # K/V travel in the compute dtype
-        # backward, per K/V-head chunk (2 K/V heads: 2 chunks): K/V on the way round (world - 1
-        # sends), dK/dV one step behind them and all the way back home (world sends)
-        chunks = backward_head_chunks(2, world)
+        # ring_attention runs per K/V-head chunk (2 K/V heads: 2 chunks). Forward: each chunk's K/V
+        # on the way round (world - 1 sends). Backward: K/V again (world - 1), dK/dV one step behind
+        # them and all the way back home (world sends)
+        chunks = ring_head_chunks(2, world)
         assert chunks == 2
+        assert r["ring_forward_sends"] == [bf16] * chunks * (world - 1)
         expected = chunks * ([bf16] * (world - 1) + [fp32] * world)
         assert sorted(r["backward_sends"]) == sorted(expected)
         assert r["grad_dtypes"] == [bf16] * 3  # returned in the input dtype
