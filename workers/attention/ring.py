@@ -206,6 +206,16 @@ def _fold_ring(q, kv, steps: Steps, comm, world, overlap):
     return run.out, run.lse
 
 
+def _head_chunks(kv_heads: int, heads: int, chunks: int) -> list[tuple[slice, slice]]:
+    """(K/V heads, query heads sharing them) of each of `chunks` equal K/V-head chunks."""
+    per_kv = kv_heads // chunks
+    per_q = per_kv * (heads // kv_heads)
+    return [
+        (slice(c * per_kv, (c + 1) * per_kv), slice(c * per_q, (c + 1) * per_q))
+        for c in range(chunks)
+    ]
+
+
 def _forward(q, kv, steps: Steps, comm, world, overlap):
     """(out in q's dtype, lse): the ring folded over K/V-head chunks (`ring_head_chunks`), one chunk's full
     ring after another, so that only a chunk's K/V are in hand and in flight besides the rank's own."""
@@ -217,10 +227,7 @@ def _forward(q, kv, steps: Steps, comm, world, overlap):
     b, n, h, _ = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((b, h, n), dtype=_acc_dtype(q.dtype), device=q.device)
-    per_chunk = kv_heads // chunks
-    per_q = per_chunk * (h // kv_heads)  # query heads sharing those K/V heads
-    for c in range(chunks):
-        ks, hs = slice(c * per_chunk, (c + 1) * per_chunk), slice(c * per_q, (c + 1) * per_q)
+    for ks, hs in _head_chunks(kv_heads, h, chunks):
         out_c, lse_c = _fold_ring(q[:, :, hs], kv[:, :, :, ks], steps, comm, world, overlap)
         out[:, :, hs] = out_c
         lse[:, hs] = lse_c
@@ -258,10 +265,7 @@ def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
         del kv  # `own` is the only reference now: the ring lets go of it once it has left
         dkv = _ring_backward(dout, q, own, out, lse, dq, steps, group, world)
         return dq.to(q.dtype), dkv[0].to(k_dtype), dkv[1].to(k_dtype)
-    per_chunk = kv_heads // chunks
-    per_q = per_chunk * (q.shape[2] // kv_heads)  # query heads sharing those K/V heads
-    for c in range(chunks):
-        ks, hs = slice(c * per_chunk, (c + 1) * per_chunk), slice(c * per_q, (c + 1) * per_q)
+    for ks, hs in _head_chunks(kv_heads, q.shape[2], chunks):
         dkv = _ring_backward(
             dout[:, :, hs], q[:, :, hs], [kv[:, :, :, ks]], out[:, :, hs], lse[:, hs], dq[:, :, hs],
             steps, group, world,
