@@ -32,6 +32,7 @@ if "RINGTRAIN_DATA_CACHE" not in os.environ:  # kind: text corpora: one cache pe
 
 from tests.support.pg import postgres_server  # noqa: E402, F401  (session PostgreSQL server)
 from tests.support.ray_fixtures import ray_head, report_receiver  # noqa: E402, F401  (session Ray head, report receiver)
+from tests.support.require import missing  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def browser() -> Iterator[Any]:
 
     why = chromium_missing()
     if why:
-        pytest.skip(why)
+        missing("chromium", why)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

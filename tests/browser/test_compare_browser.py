@@ -31,6 +31,7 @@ from tests.support.browser_fixtures import (
     shot,
     wait_js,
 )
+from tests.support.require import missing
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -96,7 +97,7 @@ def jobs(
 def page(jobs: Any) -> Iterator[Any]:
     why = chromium_missing()
     if why:
-        pytest.skip(why)
+        missing("chromium", why)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:

