@@ -20,6 +20,7 @@ from workers.orchestration.placement import capacity_shortfall
 from workers.orchestration.reservation import wants_gpus
 from workers.parallel_dims import (
     LAYOUTS,
+    MAX_RING_HEAD_CHUNKS,
     PACK,
     STRICT_PACK,
     ParallelDims,
@@ -30,6 +31,7 @@ from workers.parallel_dims import (
     order_ranks,
     rank_bundle,
     resolve_accelerator,
+    ring_head_chunks,
 )
 from workers.training.mesh import Mesh
 
@@ -314,3 +316,24 @@ def test_the_driver_reports_ring_crossings_under_tensor_parallelism() -> None:
     (running,) = reports
     assert running["metadata"]["ring_node_crossings"] == 4
     assert running["metadata"]["max_nodes_per_ring"] == 2
+
+
+def test_ring_head_chunks_divide_the_kv_heads() -> None:
+    """Ring attention slices its K/V heads into `ring_head_chunks` equal chunks, so the count must divide
+    them (else the last heads are never computed); the most such chunks up to the bound, one on a ring of
+    one. The expected count comes from a search written here."""
+    assert MAX_RING_HEAD_CHUNKS == 4
+    for kv_heads in range(1, 33):
+        for ring in range(1, 9):
+            chunks = ring_head_chunks(kv_heads, ring)
+            assert 1 <= chunks <= MAX_RING_HEAD_CHUNKS, (kv_heads, ring, chunks)
+            assert kv_heads % chunks == 0, (kv_heads, ring, chunks)
+            expected = 1
+            if ring > 1:
+                for c in range(1, 5):
+                    if kv_heads % c == 0:
+                        expected = c
+            assert chunks == expected, (kv_heads, ring, chunks)
+    # the counts that matter, by hand: 6 K/V heads run in 3 chunks (not 4), 5 (prime) in one
+    assert [ring_head_chunks(h, 2) for h in (1, 2, 3, 4, 5, 6, 8, 12)] == [1, 2, 3, 4, 1, 3, 4, 4]
+    assert ring_head_chunks(6, 1) == 1

@@ -122,6 +122,23 @@ def test_ring_matches_reference(world: int) -> None:
 
 
 @pytest.mark.multiprocess
+def test_ring_in_kv_head_chunks_that_are_not_a_power_of_two() -> None:
+    """6 and 3 K/V heads on a ring of 2: the forward and backward run in K/V-head chunks (3 of them
+    for both), which must cover every head once. A chunk count that does not divide the heads (4 for
+    6) leaves heads uncomputed; the float64 single-process reference sees them all."""
+    cases = [
+        dict(
+            seed=61, b=1, s=16, h=12, hk=6, d=8, dtype=torch.float64, layout="zigzag", causal=True
+        ),
+        dict(
+            seed=62, b=2, s=16, h=6, hk=3, d=5, dtype=torch.float64, layout="striped", causal=False
+        ),
+    ]
+    for per_rank in run_distributed(ring_vs_reference, 2, cases):
+        _check(per_rank)
+
+
+@pytest.mark.multiprocess
 def test_gradcheck_through_the_ring() -> None:
     assert all(run_distributed(gradcheck_ring, 3, LAYOUTS))
 
