@@ -93,6 +93,31 @@ def test_fenced_write_of_an_old_epoch_is_refused_and_leaves_nothing(store: Store
     assert moves == ["QUEUED", "PLACING"]
 
 
+def test_a_holders_old_epoch_is_refused_after_it_takes_the_lease_again(store: Store) -> None:
+    """The fence is the term, not the holder: a replica that took the lease again (a new epoch) may
+    still have a write in flight from its old term, and that write must be refused."""
+    job = store.jobs.create("alice", SPEC, "tok")
+    first = store.leases.acquire("replica-a", 30.0)
+    again = store.leases.acquire("replica-a", 30.0)  # its own lease, taken again: a new term
+    assert (first.epoch, again.epoch, again.holder) == (1, 2, "replica-a")
+    old = WRITE_GUARD.set(lambda s: store.leases.check(s, "replica-a", 1))
+    try:
+        with pytest.raises(Deposed, match="epoch 1 of replica-a"):
+            store.jobs.transition(job.id, JobState.FAILED, "a write of the old term")
+        with pytest.raises(Deposed):
+            store.tokens.replace(job.id, "0" * 64)
+    finally:
+        WRITE_GUARD.reset(old)
+    got = store.jobs.get(job.id)
+    assert got.state == "QUEUED" and got.ingest_token_hash != "0" * 64 and got.error is None
+    current = WRITE_GUARD.set(lambda s: store.leases.check(s, "replica-a", 2))
+    try:  # the same holder in its current term writes
+        assert store.jobs.transition(job.id, JobState.PLACING, "a write of the new term")
+    finally:
+        WRITE_GUARD.reset(current)
+    assert store.jobs.get(job.id).state == "PLACING"
+
+
 class Loops:
     """Stands in for the controller: records when this replica starts and stops acting."""
 
