@@ -6,9 +6,10 @@ attention. Here it runs on real gloo ranks: rings of 1-4 (3 included) on every l
 Ulysses x ring, data parallel, activation checkpointing, packed documents, native and pretrained (a
 tiny Qwen2 checkpoint) models, fp32 and bf16 (CPU autocast). A test-only kernel that drops every
 off-diagonal block, put in charge through the kernel registry (`kernels.use_kernel`), must fail the
-job before step 1 naming what diverged; a disabled check emits nothing; the loss curve is
-bit-identical with the check on or off; a resume onto another shape checks again, a retry from a
-checked start does not.
+job before step 1 naming what diverged, and one right in forward but wrong in backward must fail
+naming a gradient (fp32, and bf16 at its documented tolerance); a disabled check emits nothing; the
+loss curve is bit-identical with the check on or off; a resume onto another shape checks again, a
+retry from a checked start does not.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tests.support.hf_fixtures import CORPUS, write_checkpoint
 from tests.support.trainutil import one_thread, series, tiny_spec, train
 from workers.attention.kernels import TorchCpuFlash
 from workers.config import JobSpec
+from workers.training.verify import Verification
 
 assert one_thread  # autouse fixture, imported to apply to this module
 
@@ -60,6 +62,20 @@ class DropsOffDiagonal(TorchCpuFlash):
         if causal:
             return super().backward(dout, q, k, v, out, lse, causal, scale)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+
+@dataclass(frozen=True)
+class WrongBackward(TorchCpuFlash):
+    """A kernel right in forward and wrong in backward: dV comes back `dv_scale` times too large,
+    so every logit is exact and only gradients show it (one name per scale: the registry refuses a
+    different kernel under a name already taken)."""
+
+    name: str = "test_wrong_backward"
+    dv_scale: float = 1.01
+
+    def backward(self, dout, q, k, v, out, lse, causal, scale):
+        dq, dk, dv = super().backward(dout, q, k, v, out, lse, causal, scale)
+        return dq, dk, dv * self.dv_scale
 
 
 def _docs_spec(tmp: Path, **parallel: Any) -> JobSpec:
@@ -307,3 +323,50 @@ def test_bf16_ring_merges_and_sends_gradients_in_fp32() -> None:
         assert sorted(r["backward_sends"]) == sorted(expected)
         assert r["grad_dtypes"] == [bf16] * 3  # returned in the input dtype
         assert max(r["errors"]) < 1e-2, r["errors"]  # bf16 inputs against fp32 math: rounding
+
+
+def _verify_with(
+    kernel: TorchCpuFlash, autocast_dtype: torch.dtype | None
+) -> tuple[Verification, set[str]]:
+    """The check of a one-rank tiny job in this process with `kernel` in charge of its attention
+    (the ring path; the reference's dense attention never calls a kernel), and the model's
+    parameter names."""
+    from workers.attention.kernels import use_kernel
+    from workers.training.trainer import Trainer
+    from workers.training.verify import verify
+
+    spec = _shape()
+    t = Trainer(spec, checkpoint_dir=None, emit=lambda p: None)
+    with use_kernel(kernel):
+        result = verify(t.model, spec, t.mesh, t.device, autocast_dtype=autocast_dtype)
+    return result, {n for n, _ in t.model.named_parameters()}
+
+
+def test_a_kernel_wrong_only_in_backward_fails_naming_a_gradient() -> None:
+    """Exact logits are not enough: a dV 1% off fails fp32 verification, and the reason names the
+    parameter whose gradient diverged most."""
+    result, params = _verify_with(WrongBackward("test_dv_1pct_off", 1.01), None)
+    reason = result.reason()
+    assert not result.passed, reason
+    assert result.worst.startswith("gradient of "), reason
+    assert result.worst.removeprefix("gradient of ") in params, (result.worst, sorted(params))
+    assert reason.startswith("verification failed before step 1: ")
+    assert f"reference in {result.worst}: " in reason
+    assert "tolerance 0.0001 for float32" in reason
+    assert 1e-3 < result.max_rel_err < 1.0  # about the 1% the kernel adds, no numerical blow-up
+
+
+BF16_DOCUMENTED = 5e-2  # README "Verification": "fp32 1e-4, bf16 5e-2"
+
+
+def test_a_bf16_error_far_below_100x_the_tolerance_fails_at_the_documented_one() -> None:
+    """bf16's tolerance is the documented 5e-2: a kernel 50% off in dV (error several times the
+    tolerance, a twentieth of 100x it) fails, in bf16 (CPU autocast)."""
+    result, params = _verify_with(WrongBackward("test_dv_50pct_off", 1.5), torch.bfloat16)
+    reason = result.reason()
+    assert result.dtype == "bfloat16"
+    assert 4 * BF16_DOCUMENTED < result.max_rel_err < 100 * BF16_DOCUMENTED / 5, reason
+    assert not result.passed, reason
+    assert result.tolerance == BF16_DOCUMENTED
+    assert "tolerance 0.05 for bfloat16" in reason
+    assert result.worst.removeprefix("gradient of ") in params, reason
