@@ -85,7 +85,6 @@ def test_tensor_groups_land_on_one_node_and_need_whole_pairs() -> None:
 
 def test_memory_estimate_divides_what_tensor_parallelism_splits() -> None:
     from service.planner import block_param_count, local_block_param_count, memory_estimate
-    from workers.parallel_dims import ring_head_chunks
 
     one, two = _spec(ring_size=2), _spec(ring_size=2, tensor_size=2)
     m = one.model
@@ -98,9 +97,13 @@ def test_memory_estimate_divides_what_tensor_parallelism_splits() -> None:
     assert e2["bytes"]["params"] == 4 * (m.n_layers * local_block_param_count(two) + root) // 2
     assert e1["bytes"]["params"] == 4 * param_count(one) // 2
     assert e2["local_tokens"] == e1["local_tokens"]  # a tensor group holds the same tokens
-    # half the K/V heads per rank; the ring backward runs them in `ring_head_chunks` chunks
-    chunks = [ring_head_chunks(m.kv_heads // t, 2) for t in (1, 2)]
-    per_head_chunk = [e["bytes"]["ring_buffers"] * c for e, c in zip((e1, e2), chunks, strict=True)]
-    assert per_head_chunk[1] == per_head_chunk[0] // 2
+    # ring buffers by hand: 1024 tokens / ring 2 = 512 local tokens (batch 1); K and V of one K/V-head
+    # chunk (head_dim 8), held and in flight, in bf16 (2 bytes), and their dK/dV in fp32 (4 bytes).
+    # T = 1: 2 K/V heads on a ring of 2 run in 2 chunks of 1 head; T = 2: a rank's 1 head, 1 chunk.
+    assert (m.head_dim, m.kv_heads, e1["local_tokens"], e1["local_batch"]) == (8, 2, 512, 1)
+    assert e1["bytes"]["ring_buffers"] == 512 * (2 * (2 * 8) // 2) * 2 * (2 + 4) == 98304
+    assert e2["bytes"]["ring_buffers"] == 512 * (2 * (1 * 8) // 1) * 2 * (2 + 4) == 98304
+    # nothing travels on a ring of one
+    assert memory_estimate(_spec(ring_size=1), "gpu")["bytes"]["ring_buffers"] == 0
     assert e2["bytes"]["activations"] < e1["bytes"]["activations"]
     assert e2["bytes"]["loss"] == e1["bytes"]["loss"]  # the vocabulary is not split
