@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -94,7 +95,7 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
             from service.local_ray import LocalRayHead
             from service.ray_jobs import RayJobLauncher
 
-            con.print("[dim]starting a local Ray head (no RINGTRAIN_RAY_ADDRESS given)…[/dim]")
+            con.print("[dim]starting a local Ray head (no RINGTRAIN_RAY_ADDRESS given)...[/dim]")
             head = LocalRayHead()
             info = head.start()
             settings.ray_address = info.jobs_url
@@ -128,7 +129,7 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
         return 0
     finally:
         if head is not None:
-            con.print("[dim]stopping the local Ray head…[/dim]")
+            con.print("[dim]stopping the local Ray head...[/dim]")
             head.stop()
 
 
@@ -308,12 +309,16 @@ class MetricCatalogView:
         return out
 
 
+_LEADING_NUMBER = re.compile(r"[-+]?\d+(\.\d*)?([eE][-+]?\d+)?")
+
+
 def _natural(text: str) -> tuple[int, float, str]:
-    """Numbers by value, before any other text (so len=1024 comes after len=256)."""
-    try:
-        return (0, float(text), "")
-    except ValueError:
+    """Values that start with a number by that number, before any other text: len=1024 after
+    len=256, and the position bucket 128-256 after 64-128 (not after 1024-2048)."""
+    m = _LEADING_NUMBER.match(text)
+    if m is None:
         return (1, 0.0, text)
+    return (0, float(m.group()), text)
 
 
 # ---- job commands ---------------------------------------------------------------------------------
@@ -432,7 +437,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 print(_fmt_job_line(j, view))
             if page.total > page.offset + len(page.jobs):
                 print(
-                    f"… {page.total} jobs in all; see more with --offset {page.offset + len(page.jobs)}"
+                    f"... {page.total} jobs in all; see more with --offset {page.offset + len(page.jobs)}"
                 )
 
         _out(args, page, human)
@@ -572,7 +577,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     print(f"  rank {s.rank:<4} ring {s.ring:<3} {s.node_id[:20]:<20} {s.device}")
             gib = 2**30
             print(
-                f"memory per rank ≈ {mem['total_bytes'] / gib:.2f} GiB "
+                f"memory per rank ~ {mem['total_bytes'] / gib:.2f} GiB "
                 f"({mem['param_count']:,} params, {mem['local_tokens']:,} local tokens)"
             )
             for k, v in mem["bytes"].items():
@@ -799,9 +804,16 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return int(args.fn(args) or 0)
+        code = int(args.fn(args) or 0)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handler below, not at exit
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `ringtrain list | head`: the reader left. Point stdout at /dev/null so the interpreter's
+        # final flush does not raise again, and exit as a pipe writer does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except ApiError as e:
         where = f" (field {e.field})" if e.field else ""
         print(f"error: {e.message}{where}", file=sys.stderr)

@@ -246,12 +246,12 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
         "offloaded_bytes": act_bytes * tokens * terms["offloaded"],
         "bytes": parts,
         "total_bytes": sum(parts.values()),
-        "formula": "runtime (CPU: interpreter, torch, gloo) + 16·P_T/S (params, grads, AdamW: a tensor "
+        "formula": "runtime (CPU: interpreter, torch, gloo) + 16*P_T/S (params, grads, AdamW: a tensor "
         "rank's share P_T, 1/T of every projection, sharded over the S = W/T ranks of the other "
         "dimensions) + gathered by FSDP (two blocks and the root, their fp32 grads) + activations kept for backward "
         "(per train.activation_checkpointing / tiled_mlp / offload_activations) + the backward's working set "
         "(one block recomputed and its gradients; the MLP's part per tile when tiled) + chunked loss + ring "
-        "K/V buffers; b = batch/data_parallel, t = seq_len/(ring_size·ulysses_size); heads, K/V and MLP "
+        "K/V buffers; b = batch/data_parallel, t = seq_len/(ring_size*ulysses_size); heads, K/V and MLP "
         "columns per rank divided by T = tensor_size; bytes per activation 4 on CPU, 2 on CUDA (bf16)",
     }
 

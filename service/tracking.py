@@ -404,7 +404,7 @@ class _SinkWorker:
                 self._note(
                     job_id,
                     f"export to {self.sink.name} failing ({type(e).__name__}: {str(e)[:300]}); "
-                    "retrying in the background — training and ringtrain's own metrics are unaffected",
+                    "retrying in the background - training and ringtrain's own metrics are unaffected",
                 )
             return False
         if self.failing.pop(job_id, None):

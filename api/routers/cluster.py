@@ -96,7 +96,7 @@ async def plan_job(
         spec, chosen = fit_or_422(spec, cluster, budget, field)
     p = plan(spec, cluster)
     if cluster_error:
-        p.warnings.insert(0, cluster_error + " — placement not previewed")
+        p.warnings.insert(0, cluster_error + " - placement not previewed")
     return PlanOut.of(spec.model_dump(mode="json"), p, cluster_error, chosen)
 
 
