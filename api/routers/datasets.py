@@ -114,6 +114,15 @@ async def create_dataset(request: Request, ctx: Ctx, owner: Owner) -> dict[str, 
         body = DatasetCreate.model_validate(data)
     except ValidationError as e:
         raise from_pydantic(e, "dataset request") from e
+    if body.format == "chat" and body.tokenizer == "bytes":
+        # refused now, not as a FAILED prepare later: a chat mask needs the model's chat template
+        raise ApiError(
+            422,
+            "format 'chat' needs a model directory with a chat template as tokenizer, "
+            "not the bytes tokenizer: pass the model's directory, or use format 'text'",
+            code="validation_error",
+            field="format",
+        )
     roots = ctx.settings.resolved_data_roots()
     source = check_path_in_roots(body.source, roots, "source")
     out = check_path_in_roots(body.out, roots, "out")
