@@ -157,6 +157,27 @@ def test_one_step_gradients_equal_one_process(pretrained: dict[str, Path]) -> No
 
 
 @pytest.mark.multiprocess
+def test_one_step_gradients_of_tp2_equal_one_process_small() -> None:
+    """The fast tier's tensor-parallel check: one block, 96 tokens, T = 2 against one process, every
+    parameter's whole gradient. Under sequence parallelism a norm sees only its tensor rank's piece of
+    the tokens, so its weight's gradient is right only once the pieces' parts are summed."""
+    small = {"model": {"n_layers": 1}, "data": {"seq_len": 96}}
+    ref = _one_step_gradients(0, 1, [_native(**small)])[0]
+    got = run_distributed(_one_step_gradients, 2, [_native(parallel={"tensor_size": 2}, **small)])
+    norms = [n for n in ref["grads"] if "norm" in n]
+    assert len(norms) == 3, norms  # the block's two and the final one
+    assert all(np.abs(ref["grads"][n]).max() > 0 for n in norms)
+    for (rank,) in got:  # every tensor rank holds the same whole gradients
+        errors = {
+            name: float(np.linalg.norm(rank["grads"][name] - g) / np.linalg.norm(g))
+            for name, g in ref["grads"].items()
+        }
+        wrong = {name: f"{e:.1e}" for name, e in errors.items() if not e <= GRAD_RTOL}
+        assert not wrong, f"relative gradient error over {GRAD_RTOL}: {wrong}"
+        assert _grad_error(rank, ref) <= GRAD_RTOL
+
+
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_curves_match_one_process(tmp_path: Path, pretrained: dict[str, Path]) -> None:
     corpus = pretrained["corpus"]
