@@ -166,3 +166,76 @@ def test_nodes_the_autoscaler_may_add_count_as_free_capacity() -> None:
     )  # a ring of 16 GPUs: fits the two pods still to come, so it is admitted
     assert fits(d, free_nodes(c)) and not fits(Demand(17, 1.0, 1.0), free_nodes(c))
     assert with_autoscaler(ClusterInfo(nodes=[head]), []).nodes == [head]
+
+
+def test_gpu_quota_counts_running_and_just_admitted_gpus() -> None:
+    """max_gpus adds the owner's GPUs in use (running, and admitted earlier in the same pass) to the
+    job's own GPUs, never its CPUs: 2 running + 2 = 4 fits a quota of 4, a third pair would make 6."""
+    pair = Demand(
+        2, 4.0, 1.0
+    )  # 8 CPUs, 2 GPUs: a CPU count mistaken for GPUs would exceed the quota
+    quotas = {"alice": Quota(max_gpus=4)}
+    running = [Admitted("r1", "alice", pair)]
+    jobs = [q("a1", t=1, d=pair), q("a2", t=2, d=pair)]
+    d = run(
+        jobs,
+        [Free("g0", 64.0, 16.0)],
+        total=[Free("g0", 64.0, 16.0)],
+        admitted=running,
+        quotas=quotas,
+    )
+    assert d.start == ["a1"]
+    assert d.waiting == {"a2": (1, "owner 'alice' would use 6 GPUs, over its quota of 4 (4 used)")}
+
+
+def test_running_job_quota_counts_jobs_admitted_in_the_same_pass() -> None:
+    """Three queued jobs of one owner with max_running_jobs=2 and nothing running: two start in one pass,
+    the third waits at the quota (each admission counts at once, not only on the next pass)."""
+    # bob's quota was lowered to 0 after his job was accepted: it waits, although he runs nothing
+    quotas = {"alice": Quota(max_running_jobs=2), "bob": Quota(max_running_jobs=0)}
+    jobs = [q("a1", t=1), q("a2", t=2), q("a3", t=3), q("b1", "bob", t=4)]
+    d = run(jobs, nodes(8, 8), quotas=quotas)
+    assert d.start == ["a1", "a2"]
+    assert d.waiting == {
+        "a3": (1, "owner 'alice' is at its quota of 2 running job(s)"),
+        "b1": (2, "owner 'bob' is at its quota of 0 running job(s)"),
+    }
+
+
+def test_a_job_reserves_from_the_moment_it_has_waited_reserve_after_s() -> None:
+    """The boundary: a job that has waited exactly `reserve_after_s` reserves (nothing behind it starts);
+    one second earlier the small job behind it is backfilled."""
+    jobs = [q("big", t=0, d=Demand(6, 1.0)), q("small", t=5)]
+    at = run(jobs, nodes(2, 2), now=300.0, reserve_after_s=300.0)
+    assert at.start == [] and "behind job big" in at.waiting["small"][1]
+    before = run(jobs, nodes(2, 2), now=299.0, reserve_after_s=300.0)
+    assert before.start == ["small"]
+
+
+def test_gpu_capacity_in_the_ledger_and_in_each_admission() -> None:
+    """GPUs follow the CPUs' rules: the ledger charges every placed rank's GPU (2 ranks x 1 GPU on an
+    8-GPU node leave 6, while Ray's lagging view still says 8), and admitting 4 more takes 4."""
+    cluster = ClusterInfo(nodes=[NodeInfo("g0", "10.0.0.1", True, 16, 16, 8, 8)])
+    free = free_nodes(cluster, [("g0", Demand(2, 1.0, 1.0), 2)])
+    assert [(f.cpus, f.gpus) for f in free] == [(14.0, 6.0)]
+    take(Demand(4, 1.0, 1.0), free)
+    assert [(f.cpus, f.gpus) for f in free] == [(10.0, 2.0)]
+    assert not fits(Demand(3, 1.0, 1.0), free) and fits(Demand(2, 1.0, 1.0), free)
+
+
+def test_a_dead_node_of_an_autoscaler_shape_leaves_room_for_a_new_one() -> None:
+    """Only alive nodes count against a worker group's maxReplicas: with one of two pods dead, the
+    autoscaler may still add two."""
+    head = NodeInfo("head", "10.0.0.1", True, 8, 8, 0, 0)
+    dead = NodeInfo("pod-1", "10.0.0.2", False, 8, 0, 8, 0)
+    c = with_autoscaler(ClusterInfo(nodes=[head, dead]), [NodeShape(cpus=8, gpus=8, max_nodes=2)])
+    assert [n.node_id for n in c.nodes] == ["head", "pod-1", "autoscaler-0-0", "autoscaler-0-1"]
+
+
+def test_a_job_within_its_running_jobs_quota_alone_is_not_refused() -> None:
+    """`never_within_quota` asks about the job alone: with max_running_jobs=1 a single job fits (it is
+    refused only when the quota is 0)."""
+    assert never_within_quota("eve", TWO, Quota(max_running_jobs=1)) is None
+    assert never_within_quota("eve", TWO, Quota(max_running_jobs=0)) == (
+        "owner 'eve' is at its quota of 0 running job(s)"
+    )

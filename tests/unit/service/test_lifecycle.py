@@ -128,3 +128,26 @@ def test_lifecycle_machine() -> None:
     assert lifecycle.path(S.QUEUED, S.RETRYING) == [S.PLACING, S.RETRYING]
     with pytest.raises(lifecycle.InvalidTransition):
         lifecycle.path(S.RUNNING, S.QUEUED)
+
+
+# The machine as the module docstring draws it (written out here, not read from ALLOWED).
+EXPECTED_MOVES: dict[JobState, set[JobState]] = {
+    S.QUEUED: {S.PLACING, S.FAILED, S.CANCELLED},
+    S.PLACING: {S.RUNNING, S.RETRYING, S.FAILED, S.CANCELLED},
+    S.RUNNING: {S.RETRYING, S.SUCCEEDED, S.FAILED, S.CANCELLED},
+    S.RETRYING: {S.PLACING, S.RUNNING, S.FAILED, S.CANCELLED},
+    S.SUCCEEDED: set(),
+    S.FAILED: set(),
+    S.CANCELLED: set(),
+}
+
+
+def test_every_pair_of_states_is_allowed_exactly_as_the_machine_says() -> None:
+    """Each of the 49 (from, to) pairs: a dropped or added edge (a job stuck PLACING that cannot be
+    cancelled, a QUEUED job jumping to RUNNING) changes one answer here."""
+    for src in S:
+        for dst in S:
+            assert lifecycle.allowed(src, dst) == (dst in EXPECTED_MOVES[src]), (src, dst)
+            assert lifecycle.control_move(src, dst) == (dst in EXPECTED_MOVES[src]), (src, dst)
+    assert lifecycle.path(S.PLACING, S.CANCELLED) == [S.CANCELLED]
+    assert set(lifecycle.ACTIVE_STATES) == {S.QUEUED, S.PLACING, S.RUNNING, S.RETRYING}
