@@ -73,3 +73,15 @@ def test_the_stream_starts_after_the_later_of_after_and_last_event_id(
     assert _ids(srv, job_id, params={"after": a}, headers={"Last-Event-ID": str(b)}) == every[-1:]
     assert _ids(srv, job_id, params={"after": b}, headers={"Last-Event-ID": str(a)}) == every[-1:]
     assert _ids(srv, job_id, headers={"Last-Event-ID": str(a)}) == every[-3:]
+
+
+def test_cancelling_an_ended_job_stops_nothing(ended: tuple[Server, str]) -> None:
+    """Cancel is idempotent: on a SUCCEEDED job it answers 202, changes nothing and asks the launcher to
+    stop nothing (the driver is gone)."""
+    srv, job_id = ended
+    with srv.client() as c:
+        r = c.post(f"/v1/jobs/{job_id}/cancel")
+        assert r.status_code == 202
+        got = r.json()
+        assert got["state"] == "SUCCEEDED" and got["cancel_requested"] is False
+    assert srv.launcher.stops == []

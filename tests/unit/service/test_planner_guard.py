@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.launcher import ClusterInfo, NodeInfo
-from service.planner import GIB, device_memory, fit, memory_estimate
+from service.planner import GIB, device_memory, fit, memory_estimate, plan
 from workers.config import JobSpec
 
 MODEL = {"d_model": 64, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2}
@@ -187,3 +187,37 @@ def test_tensor_parallelism_up_to_a_whole_node() -> None:
     )
     f = fit(spec, cluster, budget)
     assert f.fits and f.tensor_size == 2, f.message
+
+
+def _cpu_job(ring: int) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "place",
+            "model": MODEL,
+            "data": {"kind": "passkey", "seq_len": 1024},
+            "parallel": {"ring_size": ring},
+            "resources": {"accelerator": "cpu"},
+        }
+    )
+
+
+def test_preview_lands_on_the_node_with_the_most_free_room() -> None:
+    """Two 8-CPU nodes, 2 and 6 CPUs free: a 2-rank job (STRICT_PACK, either node holds it) is previewed
+    on the second, the one with the most free room, and nothing says it must wait."""
+    cluster = ClusterInfo(
+        [NodeInfo("n0", "", True, 8, 2, 0, 0), NodeInfo("n1", "", True, 8, 6, 0, 0)]
+    )
+    p = plan(_cpu_job(2), cluster)
+    assert p.fits and p.strategy == "STRICT_PACK"
+    assert [s.node_id for s in p.placement] == ["n1", "n1"]
+
+
+def test_a_job_that_exactly_fits_the_free_room_is_previewed_there_without_a_wait_warning() -> None:
+    """n0 (4 CPUs) is busy, n1 has exactly the 4 free CPUs a 4-rank job needs: it lands on n1 now (not
+    on the whole cluster's first node) and no 'free now' warning is given."""
+    cluster = ClusterInfo(
+        [NodeInfo("n0", "", True, 4, 0, 0, 0), NodeInfo("n1", "", True, 4, 4, 0, 0)]
+    )
+    p = plan(_cpu_job(4), cluster)
+    assert p.fits and [s.node_id for s in p.placement] == ["n1"] * 4
+    assert not any("free now" in w for w in p.warnings), p.warnings
