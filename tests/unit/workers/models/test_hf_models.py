@@ -197,6 +197,13 @@ OVERRIDES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
         {"max_position_embeddings": 24},
     ),
+    # yarn over a non-default base frequency (kept), with a longer context: the pretraining context
+    # yarn scales from stays config.json's 256, not the new 1024
+    "rope_scaling": (
+        "llama",
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}},
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "max_position_embeddings": 1024},
+    ),
 }
 
 
