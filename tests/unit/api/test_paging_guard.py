@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from api.client import parse_sse
-from tests.support.api_harness import TINY_SPEC, Driver, Server, running
+from tests.support.api_harness import BOB, TINY_SPEC, Driver, Server, running
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +85,15 @@ def test_cancelling_an_ended_job_stops_nothing(ended: tuple[Server, str]) -> Non
         got = r.json()
         assert got["state"] == "SUCCEEDED" and got["cancel_requested"] is False
     assert srv.launcher.stops == []
+
+
+def test_another_owners_stream_is_404_before_any_frame(ended: tuple[Server, str]) -> None:
+    """Bob asking for Alice's event stream gets 404 JSON in the response head, not an SSE stream (read
+    as headers only, so a regression fails here at once instead of streaming)."""
+    srv, job_id = ended
+    with (
+        srv.client(BOB, timeout=httpx.Timeout(10.0)) as bob,
+        bob.stream("GET", f"/v1/jobs/{job_id}/events") as r,
+    ):
+        assert r.status_code == 404
+        assert r.headers["content-type"].startswith("application/json")
