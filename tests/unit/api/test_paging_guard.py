@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from api.client import parse_sse
-from tests.support.api_harness import BOB, TINY_SPEC, Driver, Server, running
+from service.launcher import NodeInfo
+from tests.support.api_harness import BOB, TINY_SPEC, Driver, RecordingLauncher, Server, running
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +99,21 @@ def test_another_owners_stream_is_404_before_any_frame(ended: tuple[Server, str]
     ):
         assert r.status_code == 404
         assert r.headers["content-type"].startswith("application/json")
+
+
+def test_the_cancel_that_ends_a_queued_job_is_audited_as_done(tmp_path: Path) -> None:
+    """A job waiting in the queue (the cluster is busy: no CPU free) is cancelled at once by the cancel
+    itself: its audit row says ok, not already_ended (which is for jobs that had ended before)."""
+    busy = RecordingLauncher(
+        nodes=[
+            NodeInfo("node-a", "10.0.0.1", True, 8, 0, 0, 0),
+            NodeInfo("node-b", "10.0.0.2", True, 8, 0, 0, 0),
+        ]
+    )
+    with running(tmp_path, busy) as srv, srv.client() as c:
+        job_id = c.post("/v1/jobs", json=TINY_SPEC).json()["id"]
+        r = c.post(f"/v1/jobs/{job_id}/cancel")
+        assert r.status_code == 202 and r.json()["state"] == "CANCELLED"
+        top = c.get("/v1/audit").json()["events"][0]
+        assert (top["action"], top["job_id"], top["outcome"]) == ("job.cancel", job_id, "ok")
+        assert busy.submits == []
