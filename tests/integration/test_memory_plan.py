@@ -69,7 +69,7 @@ def test_estimate_predicts_the_measured_peak(ring: int, seq: int, tensor: int) -
     jsons = [s.model_dump_json() for s in specs]
     # in fresh processes, ring 1 included: the test process's own peak holds whatever earlier tests
     # left in it (its RSS is what a rank's mem_peak_bytes measures on CPU)
-    per_rank = run_distributed(_peaks, ring * tensor, jsons, timeout=1200)
+    per_rank = run_distributed(_peaks, ring * tensor, jsons, timeout=1200, fresh=True)
     errors = []
     for i, spec in enumerate(specs):
         measured = max(r[i] for r in per_rank)
@@ -124,7 +124,9 @@ def test_estimate_predicts_a_pretrained_models_peak(tmp_path: Any, family: str, 
         )
         for k in knobs
     ]
-    per_rank = run_distributed(_peaks, ring, [s.model_dump_json() for s in specs], timeout=1200)
+    per_rank = run_distributed(
+        _peaks, ring, [s.model_dump_json() for s in specs], timeout=1200, fresh=True
+    )
     errors = [
         (
             k,

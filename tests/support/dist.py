@@ -1,7 +1,9 @@
 """Run a function on N real torch.distributed (gloo) processes and collect what each returns.
 
-Processes are spawned fresh per call (real multi-process, real gloo over loopback). Group many
-cases into one call: each spawn costs about a second of interpreter + torch import.
+Processes are new per call (real multi-process, real gloo over loopback), forked from a forkserver
+that has imported torch and the training stack once per test process: a spawned rank would pay that
+import (2-4 s of CPU) itself, and the fast tier starts hundreds of ranks. `fresh=True` spawns bare
+interpreters instead, for tests that measure a rank's resident memory.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# What every rank imports anyway, imported once in the forkserver (a single-threaded process: no
+# thread pool is forked); a test module's own imports still happen in each rank.
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "workers.training.trainer"]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -23,8 +29,18 @@ def free_port() -> int:
 
 
 def _entry(
-    rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any
+    rank: int,
+    world: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    queue: Any,
+    env: dict[str, str],
 ) -> None:
+    # the caller's environment now, as a spawned process would see it (a forkserver child starts
+    # with the forkserver's, taken when the first call started it)
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
     )
@@ -44,17 +60,24 @@ def _entry(
 
 
 def run_distributed(
-    fn: Callable[..., Any], world: int, *args: Any, timeout: float = 300.0
+    fn: Callable[..., Any], world: int, *args: Any, timeout: float = 300.0, fresh: bool = False
 ) -> list[Any]:
     """Run `fn(rank, world, *args)` on `world` gloo processes; return results ordered by rank.
 
     `fn` must be importable (module level). Any rank's exception fails the call with its traceback.
+    `fresh=True`: bare spawned interpreters (nothing preloaded), for resident-memory measurements.
     """
-    ctx = mp.get_context("spawn")
+    if fresh:
+        ctx = mp.get_context("spawn")
+    else:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(r, world, port, fn, args, queue), daemon=True)
+        ctx.Process(
+            target=_entry, args=(r, world, port, fn, args, queue, dict(os.environ)), daemon=True
+        )
         for r in range(world)
     ]
     for p in procs:
