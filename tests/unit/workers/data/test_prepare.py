@@ -6,6 +6,8 @@ values come from the tokenizer itself (transformers' encoding, `apply_chat_templ
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -22,8 +24,7 @@ from service.local_ray import RayHead
 from tests.support.hf_fixtures import bpe_tokenizer_json
 from workers.data import open_dataset
 from workers.data.prepare import PrepareError, list_sources, plan_file, recover
-
-pytestmark = pytest.mark.ray
+from workers.data.prepare import main as prepare_main
 
 ROOT = Path(__file__).resolve().parents[4]
 
@@ -70,23 +71,37 @@ def hf(path: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def run_prepare(head: RayHead, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **head.client_env(), "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "workers.data.prepare",
-        *map(str, args),
-        "--ray-address",
-        head.gcs_address,
-    ]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+class Prep:
+    """`python -m workers.data.prepare ARGS` on Ray (a subprocess against the session head, as users
+    run it) or in process (`main([..., "--in-process"])`: the same code path but the Ray tasks, so
+    the fast tier checks every rule in seconds and the `slow` variant checks the Ray run)."""
+
+    def __init__(self, head: RayHead | None) -> None:
+        self.head = head
+
+    def run(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
+        argv = list(map(str, args))
+        if self.head is None:
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = prepare_main([*argv, "--in-process"])
+            return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+        env = {**os.environ, **self.head.client_env(), "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, "-m", "workers.data.prepare", *argv]
+        cmd += ["--ray-address", self.head.gcs_address]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    def ok(self, *args: str | Path) -> dict[str, Any]:
+        done = self.run(*args)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return dict(json.loads(done.stdout.strip().splitlines()[-1])["dataset"])
 
 
-def ok(head: RayHead, *args: str | Path) -> dict[str, Any]:
-    done = run_prepare(head, *args)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1])["dataset"])
+@pytest.fixture(
+    params=["in-process", pytest.param("ray", marks=[pytest.mark.slow, pytest.mark.ray])]
+)
+def prep(request: pytest.FixtureRequest) -> Prep:
+    return Prep(request.getfixturevalue("ray_head") if request.param == "ray" else None)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -120,10 +135,10 @@ def expected_texts(src: Path) -> list[str]:
 
 
 def test_bytes_text_corpus_in_sorted_order_with_counts(
-    ray_head: RayHead, corpus: Path, tmp_path: Path
+    prep: Prep, corpus: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "ds"
-    summary = ok(ray_head, corpus, "--tokenizer", "bytes", "--out", out)
+    summary = prep.ok(corpus, "--tokenizer", "bytes", "--out", out)
     texts = expected_texts(corpus)
     ds = open_dataset(out)
     assert len(ds) == len(texts) == summary["documents"] == 8
@@ -154,11 +169,11 @@ def test_bytes_text_corpus_in_sorted_order_with_counts(
 
 
 def test_hf_text_is_the_tokenizers_own_encoding_and_reprepare_is_a_noop(
-    ray_head: RayHead, corpus: Path, tmp_path: Path
+    prep: Prep, corpus: Path, tmp_path: Path
 ) -> None:
     tok_dir = write_tokenizer(tmp_path / "tok", None)
     out = tmp_path / "ds"
-    first = ok(ray_head, corpus, "--tokenizer", tok_dir, "--out", out)
+    first = prep.ok(corpus, "--tokenizer", tok_dir, "--out", out)
     tok = hf(tok_dir)
     ds = open_dataset(out)
     for i, text in enumerate(expected_texts(corpus)):
@@ -168,7 +183,7 @@ def test_hf_text_is_the_tokenizers_own_encoding_and_reprepare_is_a_noop(
     inodes = {p.name: p.stat().st_ino for p in (out / "shards").iterdir()}
     created = json.loads((out / "manifest.json").read_text())["created"]
 
-    again = ok(ray_head, corpus, "--tokenizer", tok_dir, "--out", out)
+    again = prep.ok(corpus, "--tokenizer", tok_dir, "--out", out)
     assert again["id"] == first["id"]
     assert (
         json.loads((out / "manifest.json").read_text())["created"] == created
@@ -177,7 +192,7 @@ def test_hf_text_is_the_tokenizers_own_encoding_and_reprepare_is_a_noop(
 
     # one file changes: only its shards are new, the others are the same files (hard-linked over)
     (corpus / "b" / "c.txt").write_text("a changed text file")
-    changed = ok(ray_head, corpus, "--tokenizer", tok_dir, "--out", out)
+    changed = prep.ok(corpus, "--tokenizer", tok_dir, "--out", out)
     assert changed["id"] != first["id"]
     after = {p.name: p.stat().st_ino for p in (out / "shards").iterdir()}
     kept = [n for n in after if n in inodes]
@@ -194,14 +209,14 @@ def test_hf_text_is_the_tokenizers_own_encoding_and_reprepare_is_a_noop(
 @pytest.mark.parametrize(
     "template", [GENERATION_TEMPLATE, PLAIN_TEMPLATE], ids=["generation", "prefixes"]
 )
-def test_chat_mask_is_exactly_the_assistant_tokens(
-    ray_head: RayHead, tmp_path: Path, template: str
-) -> None:
+def test_chat_mask_is_exactly_the_assistant_tokens(tmp_path: Path, template: str) -> None:
+    """In process: tokenizing is the same code on Ray (the Ray run is covered by the tests above)."""
+    prep = Prep(None)
     tok_dir = write_tokenizer(tmp_path / "tok", template)
     reference = hf(write_tokenizer(tmp_path / "ref", GENERATION_TEMPLATE))
     src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in CHATS])
     out = tmp_path / "ds"
-    ok(ray_head, src, "--tokenizer", tok_dir, "--out", out, "--format", "chat")
+    prep.ok(src, "--tokenizer", tok_dir, "--out", out, "--format", "chat")
     ds = open_dataset(out)
     assert len(ds) == len(CHATS)
     for i, messages in enumerate(CHATS):
@@ -232,9 +247,7 @@ def test_many_chunks_equal_one_chunk(tmp_path: Path) -> None:
         assert c.first_line == data[: c.start].count(b"\n") + 1
 
 
-def test_bad_input_names_file_and_line_and_leaves_nothing(
-    ray_head: RayHead, tmp_path: Path
-) -> None:
+def test_bad_input_names_file_and_line_and_leaves_nothing(prep: Prep, tmp_path: Path) -> None:
     tok_dir = write_tokenizer(tmp_path / "tok", GENERATION_TEMPLATE)
     plain_dir = write_tokenizer(tmp_path / "plain", None)
     src = tmp_path / "src"
@@ -250,22 +263,22 @@ def test_bad_input_names_file_and_line_and_leaves_nothing(
         + "\n"
     )
     out = tmp_path / "ds"
-    done = run_prepare(ray_head, src, "--tokenizer", "bytes", "--out", out)
+    done = prep.run(src, "--tokenizer", "bytes", "--out", out)
     assert done.returncode == 1 and f"{bad}:3: not a JSON object" in done.stderr
 
     chat = write_jsonl(
         tmp_path / "chat.jsonl", [{"messages": CHATS[0]}, {"messages": CHATS[0][:1]}]
     )
-    done = run_prepare(ray_head, chat, "--tokenizer", tok_dir, "--out", out, "--format", "chat")
+    done = prep.run(chat, "--tokenizer", tok_dir, "--out", out, "--format", "chat")
     assert (
         done.returncode == 1 and f"{chat}:2: the conversation has no assistant turn" in done.stderr
     )
 
-    done = run_prepare(ray_head, chat, "--tokenizer", plain_dir, "--out", out, "--format", "chat")
+    done = prep.run(chat, "--tokenizer", plain_dir, "--out", out, "--format", "chat")
     assert done.returncode == 1 and "has no chat template" in done.stderr
-    done = run_prepare(ray_head, chat, "--tokenizer", "bytes", "--out", out, "--format", "chat")
+    done = prep.run(chat, "--tokenizer", "bytes", "--out", out, "--format", "chat")
     assert done.returncode == 1 and "chat template" in done.stderr
-    done = run_prepare(ray_head, tmp_path / "missing.jsonl", "--tokenizer", "bytes", "--out", out)
+    done = prep.run(tmp_path / "missing.jsonl", "--tokenizer", "bytes", "--out", out)
     assert (
         done.returncode == 1
         and f"{tmp_path / 'missing.jsonl'}: no such file or directory" in done.stderr
@@ -301,7 +314,7 @@ def test_an_interrupted_prepare_is_cleaned_up(tmp_path: Path) -> None:
     assert out.exists() and not old.exists()
 
 
-def test_cli_data_prepare_has_the_modules_arguments(ray_head: RayHead, tmp_path: Path) -> None:
+def test_cli_data_prepare_has_the_modules_arguments() -> None:
     import argparse
 
     from api.cli import parser
@@ -318,6 +331,10 @@ def test_cli_data_prepare_has_the_modules_arguments(ray_head: RayHead, tmp_path:
         o for a in cli._actions for o in a.option_strings
     }
 
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_cli_data_prepare_runs_on_ray(ray_head: RayHead, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "a.jsonl", [{"body": "hello"}, {"body": "world"}])
     env = {**os.environ, **ray_head.client_env(), "PYTHONPATH": str(ROOT)}
     args = [
