@@ -22,6 +22,7 @@ of earlier steps and of FSDP's transient gathers. `bound_allocator_retention` fi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -30,7 +31,7 @@ import re
 import resource
 import weakref
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,22 @@ class PeakMemory:
             return True
         except OSError:
             return False
+
+    @contextlib.contextmanager
+    def steady(self) -> Iterator[None]:
+        """The training loop: what exists when it starts (modules, the model, the loaded state) is
+        frozen out of the garbage collector, so `reset`'s collection each step walks only the
+        objects made since. A full collection walks every object in the process: 0.2-0.8 s a step
+        (more in a long-lived process), which was most of a small CPU step."""
+        if not self.resettable:
+            yield
+            return
+        gc.collect()
+        gc.freeze()
+        try:
+            yield
+        finally:
+            gc.unfreeze()
 
     def reset(self) -> None:
         if self.device.type == "cuda":

@@ -366,19 +366,21 @@ class Trainer:
             self.verify()
         saved_at = evaluated_at = self.step
         stopped = False
-        while self.step < end and not stopped:
-            self.memory.reset()
-            stats = self.train_step()
-            stopped = stats.stop_requested
-            self._fence()  # before this step's points reach the journal
-            self.report(stats)
-            # Evaluate before checkpointing: a checkpoint at step k then implies every point of step k was emitted.
-            if spec.eval.every_steps and self.step % spec.eval.every_steps == 0:
-                self.evaluate()
-                evaluated_at = self.step
-            if spec.checkpoint.every_steps and self.step % spec.checkpoint.every_steps == 0:
-                self.save()
-                saved_at = self.step
+        with self.memory.steady():
+            while self.step < end and not stopped:
+                self.memory.reset()
+                stats = self.train_step()
+                stopped = stats.stop_requested
+                self._fence()  # before this step's points reach the journal
+                self.report(stats)
+                # Evaluate before checkpointing: a checkpoint at step k then implies every point of
+                # step k was emitted.
+                if spec.eval.every_steps and self.step % spec.eval.every_steps == 0:
+                    self.evaluate()
+                    evaluated_at = self.step
+                if spec.checkpoint.every_steps and self.step % spec.checkpoint.every_steps == 0:
+                    self.save()
+                    saved_at = self.step
         if not stopped and self.step != evaluated_at:
             self.evaluate()
         if self.step != saved_at:
