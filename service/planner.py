@@ -135,7 +135,7 @@ CPU_RUNTIME_BYTES = 360 * 10**6
 # terms below on CPU (tests/integration/test_memory_plan.py, ring 1 and 2 x tensor_size 2).
 CPU_RUNTIME_TP_BYTES = 40 * 10**6
 # A model kind's own share (a pretrained model's process also holds transformers' modules) is its
-# config class's `cpu_runtime_bytes` (`workers/config.py`).
+# config class's `cpu_runtime_bytes` (`workers/config/`).
 # The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit, measured,
 # in what the backward frees as it consumes saved tensors: bench/memory.py, BENCHMARKS.md "Memory per token".
 
