@@ -9,7 +9,7 @@ only the model, hence `kind_of`), `tokenizer_for` and the tensor-parallel plan
 cannot import this module (what it needs of a kind, such as sizes and `cpu_runtime_bytes`, is on the
 config class); `register_model_kind` refuses an entry whose config class is not the one there.
 
-A new kind takes: its config class in `workers/config.py` (added to `ModelSection`), a module in
+A new kind takes: its config class in `workers/config/` (added to `ModelSection`), a module in
 `workers/models/` with its `RingModel` subclass and hooks, and one `register_model_kind` call below.
 """
 

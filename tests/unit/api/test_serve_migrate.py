@@ -13,6 +13,7 @@ from unittest import mock
 import pytest
 
 from api import cli
+from api.cli import serve as cli_serve
 from service.db import SchemaOutdated, current_revision, head_revision, make_engine
 
 
@@ -32,7 +33,7 @@ def serve_args(tmp_path: Path) -> Iterator[list[str]]:
 
 
 def settings_of(argv: list[str]) -> bool:
-    return cli._settings(cli.parser().parse_args(argv)).migrate_on_start
+    return cli_serve._settings(cli.parser().parse_args(argv)).migrate_on_start
 
 
 def test_the_flag_and_the_setting(serve_args: list[str]) -> None:

@@ -2,8 +2,8 @@
 read like `kind: tokens`; a second start tokenizes (and hashes) nothing; concurrent starters prepare
 once.
 
-Tokenizing and hashing are counted by wrapping `workers.data.prepare.tokenize_chunk` and `plan_file`
-(the functions each chunk and each file go through).
+Tokenizing and hashing are counted by wrapping `tokenize_chunk` and `plan_file` where the prepare
+calls them (`workers.data.prepare.run`: the functions each chunk and each file go through).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-import workers.data.prepare as prep
+import workers.data.prepare.run as prep
 from tests.support.trainutil import tiny_spec
 from tests.unit.workers.data.test_tokens_memory import write_corpus
 from workers.data import CachedTextSource, TokensSource, build_source
@@ -131,7 +131,7 @@ def test_a_bad_corpus_fails_naming_file_and_line(tmp_path: Path, counted: dict[s
 OPENER = """
 import json, sys, time
 from pathlib import Path
-import workers.data.prepare as prep
+import workers.data.prepare.run as prep
 
 count = [0]
 tokenize = prep.tokenize_chunk

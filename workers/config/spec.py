@@ -1,0 +1,186 @@
+"""`JobSpec`, the whole job, with its cross-field rules, and `load_spec` (YAML or JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from workers.config.base import MAX_SEQ_LEN, MAX_WORLD, StrictModel, fail
+from workers.config.models import MODEL_CONFIGS, ModelConfig, ModelSection
+from workers.config.rules import seq_multiple, tensor_heads_problem, ulysses_heads_problem
+from workers.config.sections import (
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    ParallelConfig,
+    PasskeyData,
+    ResourcesConfig,
+    TrainConfig,
+    VerifyConfig,
+)
+
+
+class JobSpec(StrictModel):
+    name: str = Field(..., min_length=1, max_length=128)
+    model: ModelSection = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=PasskeyData)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    max_restarts: int = Field(2, ge=0, le=100)
+    priority: int = Field(
+        0, ge=-1000, le=1000, description="higher starts first when jobs wait for capacity"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        # isprintable() also refuses DEL, C1 controls (e.g. a terminal's CSI), bidi overrides and lone
+        # surrogates, which `ord(c) < 32` let through into terminals, logs and the dashboard
+        if not v.strip() or not v.isprintable():
+            raise ValueError("name must be printable (no control characters) and not blank")
+        return v
+
+    @field_validator("model", mode="wrap")
+    @classmethod
+    def _model_kind(cls, v: Any, handler: Any, info: Any) -> ModelSection:
+        """`kind` picks the class (native when absent) so errors stay at `model.<field>`, with no union tag."""
+        if isinstance(v, dict):
+            kind = v.get("kind", "native")
+            model_cls = MODEL_CONFIGS.get(kind) if isinstance(kind, str) else None
+            if model_cls is not None:
+                return model_cls.model_validate(v, context=info.context)
+            known = " or ".join(repr(k) for k in MODEL_CONFIGS)
+            fail("kind", kind, f"model.kind must be {known}, got {kind!r}")
+        if isinstance(v, ModelSection):
+            return v
+        raise PydanticCustomError(
+            "dict_type", "Input should be a valid dictionary (the model section)"
+        )
+
+    @model_validator(mode="after")
+    def _model_fits(self) -> JobSpec:
+        """Each model kind's own rules about the rest of the job (a pretrained sliding window)."""
+        for path, value, message in self.model.spec_problems(self):
+            fail(path, value, message)
+        return self
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> JobSpec:
+        p = self.parallel
+        # ring_size auto: checked as ring 1 here (what every ring needs), in full once resolved
+        ring = max(p.ring_size, 1)
+        need = seq_multiple(p.layout, ring, p.ulysses_size, p.tensor_size)
+        if self.data.seq_len % need:
+            fail(
+                "data.seq_len",
+                self.data.seq_len,
+                f"data.seq_len ({self.data.seq_len}) must be divisible by {need} for the {p.layout} layout "
+                f"with parallel.ring_size={ring}"
+                + (f" and parallel.ulysses_size={p.ulysses_size}" if p.ulysses_size > 1 else "")
+                + (f" and parallel.tensor_size={p.tensor_size}" if p.tensor_size > 1 else ""),
+            )
+        if self.model.shape_known and (why := tensor_heads_problem(self.model, p.tensor_size)):
+            fail("parallel.tensor_size", p.tensor_size, why)
+        if self.model.shape_known and (
+            why := ulysses_heads_problem(self.model, p.ulysses_size, p.tensor_size)
+        ):
+            fail("parallel.ulysses_size", p.ulysses_size, why)
+        if self.train.batch_size % p.data_parallel:
+            fail(
+                "train.batch_size",
+                self.train.batch_size,
+                f"train.batch_size ({self.train.batch_size}) is the global batch and must be divisible by "
+                f"parallel.data_parallel ({p.data_parallel})",
+            )
+        if p.data_parallel * ring * p.ulysses_size * p.tensor_size > MAX_WORLD:
+            fail(
+                "parallel.ring_size",
+                p.ring_size,
+                f"ring_size x data_parallel x ulysses_size x tensor_size must be <= {MAX_WORLD}",
+            )
+        if self.train.offload_activations and self.resources.accelerator == "cpu":
+            fail(
+                "train.offload_activations",
+                True,
+                "train.offload_activations moves activations from GPU to host memory: it needs "
+                "resources.accelerator gpu or auto, not cpu",
+            )
+        if self.train.offload_activations and self.train.activation_checkpointing != "full":
+            fail(
+                "train.offload_activations",
+                True,
+                "train.offload_activations offloads the inputs that full checkpointing keeps: it needs "
+                "train.activation_checkpointing: full",
+            )
+        if self.train.warmup_steps > self.train.steps:
+            fail(
+                "train.warmup_steps",
+                self.train.warmup_steps,
+                "train.warmup_steps must be <= train.steps",
+            )
+        for i, length in enumerate(self.eval.context_lengths or []):
+            if length < 64 or length > MAX_SEQ_LEN or length % need:
+                fail(
+                    f"eval.context_lengths.{i}",
+                    length,
+                    f"eval context length {length} must be in [64, {MAX_SEQ_LEN}] and divisible by {need}",
+                )
+        if self.data.kind == "passkey" and self.data.seq_len < 16 * self.data.key_digits:
+            fail("data.seq_len", self.data.seq_len, "data.seq_len is too short to hide a passkey")
+        if self.data.kind == "passkey":
+            for i, stage in enumerate(self.data.curriculum):
+                if (
+                    stage.seq_len > self.data.seq_len
+                    or stage.seq_len % need
+                    or stage.seq_len < 16 * self.data.key_digits
+                ):
+                    fail(
+                        f"data.curriculum.{i}.seq_len",
+                        stage.seq_len,
+                        f"curriculum seq_len {stage.seq_len} must be <= data.seq_len "
+                        f"({self.data.seq_len}), >= 16 x key_digits and divisible by {need}",
+                    )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    def eval_context_lengths(self) -> list[int]:
+        return list(self.eval.context_lengths or [self.data.seq_len])
+
+
+def load_spec(text: str) -> JobSpec:
+    """Parse a YAML or JSON job spec (YAML is a superset of JSON). Aliases are refused: no YAML bombs."""
+    import yaml
+
+    class _NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("YAML aliases/anchors are not allowed in job specs")
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, str) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key!r}: each field may appear once",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    data = yaml.load(text, Loader=_NoAliasLoader)
+    if not isinstance(data, dict):
+        raise ValueError("a job spec must be a mapping (YAML or JSON object)")
+    return JobSpec.model_validate(data)

@@ -1,0 +1,63 @@
+"""Prepare a corpus once: tokenized into memory-mapped shards, an index and a manifest.
+
+The command line, `python -m workers.data.prepare` (its arguments in `workers.prepare_args`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from workers.data.prepare.planning import PrepareError, Progress
+from workers.data.prepare.run import prepare
+from workers.prepare_args import add_arguments
+
+
+def format_progress(p: Progress) -> str:
+    share = p.done_bytes / p.total_bytes if p.total_bytes else 1.0
+    bar = "#" * int(share * 30)
+    return f"[{bar:<30}] {share:6.1%} {p.stage:<10} {p.documents:,} documents {p.tokens:,} tokens"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.data.prepare", description=__doc__.splitlines()[0]
+    )
+    add_arguments(parser)
+    parser.add_argument(
+        "--json-progress", action="store_true", help="one JSON line per progress update"
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="tokenize in this process, without Ray (small corpora, tests)",
+    )
+    args = parser.parse_args(argv)
+
+    def show(p: Progress) -> None:
+        if args.json_progress:
+            print(json.dumps({"progress": asdict(p)}), flush=True)
+        else:
+            print("\r" + format_progress(p), end="", file=sys.stderr, flush=True)
+
+    try:
+        manifest = prepare(
+            args.source,
+            args.out,
+            tokenizer=args.tokenizer,
+            fmt=args.format,
+            text_field=args.text_field,
+            ray_address=args.ray_address,
+            progress=show,
+            inline=args.in_process,
+        )
+    except PrepareError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 1
+    summary = {k: manifest[k] for k in ("id", "format", "documents", "tokens", "bytes")}
+    print(
+        ("" if args.json_progress else "\n")
+        + json.dumps({"dataset": {**summary, "path": str(args.out)}})
+    )
+    return 0
