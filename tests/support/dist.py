@@ -19,7 +19,19 @@ import torch.multiprocessing as mp
 
 # What every rank imports anyway, imported once in the forkserver (a single-threaded process: no
 # thread pool is forked); a test module's own imports still happen in each rank.
-PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "workers.training.trainer"]
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.tensor",
+    "workers.training.trainer",
+    # pretrained-model ranks import transformers' model classes: ~7 s of CPU each, once here
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.mistral.modeling_mistral",
+    "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen3.modeling_qwen3",
+    "transformers.tokenization_utils_fast",
+]
 
 
 def free_port() -> int:
