@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite. `scripts/test.sh` (make test): lint, format check, type check, then every test.
+# The test suite. `scripts/test.sh` (make test): lint, format check, type check, then every test
+# on every core (pytest-xdist).
 # `scripts/test.sh --fast` (make test-fast): lint and format check, then tests/unit without `slow`
 # tests on every core (pytest-xdist): what a developer runs on every change; mypy stays in make test
 # and make lint. Extra arguments go to pytest.
@@ -15,4 +16,5 @@ if [ "$fast" = 1 ]; then
 fi
 # service/, api/ and workers/ as configured in pyproject [tool.mypy]: strict on service/ and api/, basic on workers/
 .venv/bin/mypy
-exec .venv/bin/python -m pytest "$@"
+# every core: the tests on Ray in one group on one worker, in order (tests/conftest.py), the rest spread
+exec .venv/bin/python -m pytest -n auto --dist loadgroup "$@"

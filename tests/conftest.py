@@ -56,11 +56,27 @@ def browser() -> Iterator[Any]:
 TIERS = ("unit", "integration", "browser", "deploy", "multihost")
 
 
+def _on_the_cluster(item: pytest.Item) -> bool:
+    """Tests that use the session's Ray head or start Ray themselves (`ray`, `multihost`)."""
+    return any(item.get_closest_marker(m) is not None for m in ("ray", "multihost")) or (
+        "ray_head" in getattr(item, "fixturenames", ())
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+    if getattr(config.option, "numprocesses", None):
+        # Under pytest-xdist (`-n`, with `--dist loadgroup` as make test runs it) every test on Ray
+        # runs on one worker, in order, with one session Ray head: they are timed against each
+        # other's load and kill processes by name. They go first, as they are the longest pole;
+        # everything else spreads over the other workers.
+        for item in items:
+            if _on_the_cluster(item):
+                item.add_marker(pytest.mark.xdist_group("cluster"))
+        items.sort(key=lambda item: not _on_the_cluster(item))
     try:
         import torch
 
