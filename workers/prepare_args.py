@@ -8,6 +8,8 @@ Outside `workers.data` on purpose: importing that package loads torch, which the
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,3 +24,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--text-field", default="text", help="the field read from .jsonl/.parquet (text format)"
     )
     parser.add_argument("--ray-address", default=None, help="a Ray cluster (default: a local Ray)")
+
+
+def run(
+    args: argparse.Namespace, progress: Callable[[Any], None], inline: bool = False
+) -> dict[str, Any]:
+    """Prepare what `args` (parsed with `add_arguments`) names; the dataset's summary: id, format,
+    documents, tokens, bytes. Imports the data layer (torch) only when called."""
+    from workers.data.prepare import prepare
+
+    manifest = prepare(
+        args.source,
+        args.out,
+        tokenizer=args.tokenizer,
+        fmt=args.format,
+        text_field=args.text_field,
+        ray_address=args.ray_address,
+        progress=progress,
+        inline=inline,
+    )
+    return {k: manifest[k] for k in ("id", "format", "documents", "tokens", "bytes")}

@@ -43,19 +43,10 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
             )
 
         try:
-            manifest = data_prepare.prepare(
-                args.source,
-                args.out,
-                tokenizer=args.tokenizer,
-                fmt=args.format,
-                text_field=args.text_field,
-                ray_address=args.ray_address,
-                progress=show,
-            )
+            summary = prepare_args.run(args, show)
         except data_prepare.PrepareError as e:
             con.print(f"[red]error:[/red] {e}", markup=True)
             return 1
-    summary = {k: manifest[k] for k in ("id", "format", "documents", "tokens", "bytes")}
     summary["path"] = str(Path(args.out).resolve())
     out(
         args,

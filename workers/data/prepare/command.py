@@ -10,8 +10,7 @@ import sys
 from dataclasses import asdict
 
 from workers.data.prepare.planning import PrepareError, Progress
-from workers.data.prepare.run import prepare
-from workers.prepare_args import add_arguments
+from workers.prepare_args import add_arguments, run
 
 
 def format_progress(p: Progress) -> str:
@@ -42,20 +41,10 @@ def main(argv: list[str] | None = None) -> int:
             print("\r" + format_progress(p), end="", file=sys.stderr, flush=True)
 
     try:
-        manifest = prepare(
-            args.source,
-            args.out,
-            tokenizer=args.tokenizer,
-            fmt=args.format,
-            text_field=args.text_field,
-            ray_address=args.ray_address,
-            progress=show,
-            inline=args.in_process,
-        )
+        summary = run(args, show, inline=args.in_process)
     except PrepareError as e:
         print(f"\nerror: {e}", file=sys.stderr)
         return 1
-    summary = {k: manifest[k] for k in ("id", "format", "documents", "tokens", "bytes")}
     print(
         ("" if args.json_progress else "\n")
         + json.dumps({"dataset": {**summary, "path": str(args.out)}})
