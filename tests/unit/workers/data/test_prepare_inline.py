@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.support.hf_fixtures import bpe_tokenizer_json
+from tests.unit.workers.data.test_prepare import write_tokenizer
 from workers.data import open_dataset
 from workers.data.prepare import prepare
 
@@ -41,20 +41,6 @@ CHATS: list[list[dict[str, str]]] = [
         {"role": "user", "content": "Thanks."},
     ],
 ]
-
-
-def write_tokenizer(out: Path, template: str | None) -> Path:
-    """The shared small BPE (eos `<|endoftext|>`) saved as a model directory, with `template`."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(bpe_tokenizer_json()), eos_token=EOS
-    )
-    if template is not None:
-        tok.chat_template = template
-    tok.save_pretrained(out)
-    return out
 
 
 def load(path: Path) -> Any:
