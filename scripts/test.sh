@@ -16,5 +16,6 @@ if [ "$fast" = 1 ]; then
 fi
 # service/, api/ and workers/ as configured in pyproject [tool.mypy]: strict on service/ and api/, basic on workers/
 .venv/bin/mypy
-# every core: the tests on Ray in one group on one worker, in order (tests/conftest.py), the rest spread
+# every core; loadgroup hands out one test at a time (a few ahead), in the order tests/conftest.py
+# puts them on each worker: the longest first
 exec .venv/bin/python -m pytest -n auto --dist loadgroup "$@"

@@ -63,32 +63,22 @@ def _on_the_cluster(item: pytest.Item) -> bool:
     )
 
 
-# Tests whose failures take long to provoke and detect (host loss, partitions, killed ranks and
-# drivers): one lane; every other test on Ray: the other. About 19 and 20 minutes on 2 cores.
-FAULT_LANE = ("multihost/", "integration/test_faults.py")
-
-
-def _lane(item: pytest.Item) -> str:
-    where = Path(str(item.path)).relative_to(ROOT / "tests").as_posix()
-    return "cluster-faults" if where.startswith(FAULT_LANE) else "cluster"
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-    if getattr(config.option, "numprocesses", None):
-        # Under pytest-xdist (`-n`, with `--dist loadgroup` as make test runs it) the tests on Ray
-        # run in two lanes, each in order on one worker with that worker's own session Ray head
-        # (free ports, its own temp dir): `_lane` splits them so the lanes take about as long.
-        # Every process a test kills is found by its job id, head temp dir or network namespace,
-        # so the lanes never touch each other's. They go first, as they are the longest poles;
-        # everything else spreads over the workers as they free up.
-        for item in items:
-            if _on_the_cluster(item):
-                item.add_marker(pytest.mark.xdist_group(_lane(item)))
-        items.sort(key=lambda item: not _on_the_cluster(item))
+    if hasattr(config, "workerinput"):
+        # A pytest-xdist worker (make test runs `-n auto`), where the suite's order is the order
+        # work is handed out: the longest poles first (tests on Ray: a cluster, drivers, ranks;
+        # then other slow ones), so that no worker is left with one at the end while the other
+        # idles. Each worker has its own session Ray head (free ports, its own temp dir) and every
+        # process a test kills is found by its job id, head temp dir or network namespace, so
+        # tests on two workers never touch each other's processes.
+        items.sort(
+            key=lambda item: (not _on_the_cluster(item), item.get_closest_marker("slow") is None)
+        )
     try:
         import torch
 
