@@ -19,7 +19,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, C
 
 from service.launcher import NodeInfo
 from service.models import Job, Transition
-from service.planner import GIB, Fit, Plan, knobs_name
+from service.planner import GIB, Fit, Plan
 from service.verification import verification_of
 from workers.protocol import JobState, RankPlacement
 
@@ -232,8 +232,8 @@ class FitOut(BaseModel):
             ring_size=f.ring_size,
             ulysses_size=f.ulysses_size,
             tensor_size=f.tensor_size,
-            knobs=f.knobs,
-            knobs_name=knobs_name(f.knobs) if f.knobs else "",
+            knobs=f.knobs.fields() if f.knobs else {},
+            knobs_name=f.knobs.name if f.knobs else "",
             estimate_bytes=int(f.memory.get("total_bytes", 0)),
             shortfall_bytes=f.shortfall_bytes,
             message=f.message,

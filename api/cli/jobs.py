@@ -14,6 +14,7 @@ from api.cli.common import client, console, out
 from api.client import Client
 from api.routers.metrics import MetricInfo
 from api.schemas import JobOut
+from workers.config import MemoryKnobs
 
 
 def _list_header(view: MetricCatalogView) -> str:
@@ -151,11 +152,7 @@ def shape_lines(spec: dict[str, Any]) -> list[str]:
         )
     )
     seq = spec.get("data", {}).get("seq_len", "?")
-    knobs = (
-        f"checkpointing {train.get('activation_checkpointing', 'none')}, "
-        f"tiled MLP {train.get('tiled_mlp', 'off')}"
-        + (", offloaded activations" if train.get("offload_activations") else "")
-    )
+    knobs = MemoryKnobs.read(train).describe()
     return [
         f"  parallel  {shape} ({par.get('layout', '?')}), seq_len {seq}",
         f"  memory    {knobs}",
@@ -253,9 +250,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     f"fit: ring_size {f.ring_size} x ulysses_size {f.ulysses_size}"
                     + (f" x tensor_size {f.tensor_size}" if f.tensor_size > 1 else "")
                     + ", knobs "
-                    f"{f.knobs_name} (activation_checkpointing {f.knobs['activation_checkpointing']}"
-                    f", tiled_mlp {f.knobs['tiled_mlp']}, offload_activations "
-                    f"{str(f.knobs['offload_activations']).lower()}): "
+                    f"{f.knobs_name} ({MemoryKnobs.read(f.knobs).describe()}): "
                     f"{f.estimate_bytes / 2**30:.2f} of {f.memory_per_rank_gib:.2f} GiB per rank "
                     f"({f.budget_source})"
                 )

@@ -6,12 +6,10 @@
 
 from service.planner.fitting import (
     GIB,
-    KNOBS,
     MAX_ALTERNATIVES,
     Fit,
     device_memory,
     fit,
-    knobs_name,
 )
 from service.planner.memory import (
     CPU_RUNTIME_BYTES,
@@ -36,7 +34,6 @@ __all__ = [
     "CPU_RUNTIME_BYTES",
     "CPU_RUNTIME_TP_BYTES",
     "GIB",
-    "KNOBS",
     "LOSS_CHUNK_TOKENS",
     "MAX_ALTERNATIVES",
     "Fit",
@@ -46,7 +43,6 @@ __all__ = [
     "block_param_count",
     "device_memory",
     "fit",
-    "knobs_name",
     "local_block_param_count",
     "memory_estimate",
     "node_resources",

@@ -9,33 +9,19 @@ from typing import Any
 from service.launcher import ClusterInfo
 from service.planner.memory import memory_estimate
 from service.planner.preview import node_resources
-from workers.config import MAX_WORLD, JobSpec, tensor_heads_problem, ulysses_heads_problem
+from workers.config import (
+    KNOB_CANDIDATES,
+    MAX_WORLD,
+    JobSpec,
+    MemoryKnobs,
+    tensor_heads_problem,
+    ulysses_heads_problem,
+)
 from workers.parallel_dims import ParallelDims, bundles_per_node, rank_bundle, resolve_accelerator
 
 GIB = 2**30
 
-# Knob sets cheapest first in throughput (BENCHMARKS.md "Cost of each knob": none 1.00, selective
-# 0.94, tiled 0.81, full 0.79, full + tiled 0.67); offload (CUDA only, unmeasured) after them.
-KNOBS: tuple[dict[str, Any], ...] = (
-    {"activation_checkpointing": "none", "tiled_mlp": "off", "offload_activations": False},
-    {"activation_checkpointing": "selective", "tiled_mlp": "off", "offload_activations": False},
-    {"activation_checkpointing": "none", "tiled_mlp": "auto", "offload_activations": False},
-    {"activation_checkpointing": "full", "tiled_mlp": "off", "offload_activations": False},
-    {"activation_checkpointing": "full", "tiled_mlp": "auto", "offload_activations": False},
-    {"activation_checkpointing": "full", "tiled_mlp": "off", "offload_activations": True},
-    {"activation_checkpointing": "full", "tiled_mlp": "auto", "offload_activations": True},
-)
 MAX_ALTERNATIVES = 24  # the response lists at most this many candidates tried
-
-
-def knobs_name(knobs: dict[str, Any]) -> str:
-    """A knob set in words: 'none', 'selective', 'full+tiled+offload', ..."""
-    parts = (
-        [] if knobs["activation_checkpointing"] == "none" else [knobs["activation_checkpointing"]]
-    )
-    parts += ["tiled"] if knobs["tiled_mlp"] != "off" else []
-    parts += ["offload"] if knobs["offload_activations"] else []
-    return "+".join(parts) or "none"
 
 
 @dataclass
@@ -48,7 +34,7 @@ class Fit:
     ring_size: int = 0
     ulysses_size: int = 1
     tensor_size: int = 1
-    knobs: dict[str, Any] = field(default_factory=dict)
+    knobs: MemoryKnobs | None = None
     spec: JobSpec | None = None  # the spec it would run (fits), or the best candidate
     memory: dict[str, Any] = field(default_factory=dict)
     alternatives: list[dict[str, Any]] = field(default_factory=list)
@@ -120,13 +106,13 @@ def _tensor_sizes(spec: JobSpec, ranks_per_node: int) -> list[int]:
 
 
 def _with(
-    spec: JobSpec, ring: int, ulysses: int, knobs: dict[str, Any], tensor: int | None = None
+    spec: JobSpec, ring: int, ulysses: int, knobs: MemoryKnobs, tensor: int | None = None
 ) -> JobSpec:
     shape = {"ring_size": ring, "ulysses_size": ulysses}
     if tensor is not None:
         shape["tensor_size"] = tensor
     parallel = spec.parallel.model_copy(update=shape)
-    train = spec.train.model_copy(update=knobs)
+    train = spec.train.model_copy(update=knobs.fields())
     return spec.model_copy(update={"parallel": parallel, "train": train})
 
 
@@ -148,17 +134,17 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
     devices = sum(per_node_counts)
     dp = spec.parallel.data_parallel
     per_node = max((int(n.gpus_total) for n in nodes), default=0) if acc == "gpu" else 0
-    knob_sets = [k for k in KNOBS if acc == "gpu" or not k["offload_activations"]]
+    knob_sets = [k for k in KNOB_CANDIDATES if k.problem(cuda=acc == "gpu") is None]
     out = Fit(fits=False, memory_per_rank_bytes=budget, accelerator=acc)
-    best: tuple[int, JobSpec, dict[str, Any], dict[str, Any]] | None = None
+    best: tuple[int, JobSpec, MemoryKnobs, dict[str, Any]] | None = None
 
-    def row(candidate: JobSpec, knobs: dict[str, Any], total: int) -> dict[str, Any]:
+    def row(candidate: JobSpec, knobs: MemoryKnobs, total: int) -> dict[str, Any]:
         p = candidate.parallel
         return {
             "ring_size": p.ring_size,
             "ulysses_size": p.ulysses_size,
             "tensor_size": p.tensor_size,
-            "knobs": knobs_name(knobs),
+            "knobs": knobs.name,
             "total_bytes": total,
             "fits": total <= budget,
         }
@@ -195,7 +181,7 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
                         tp = f" x tensor_size {tensor}" if tensor > 1 else ""
                         out.message = (
                             f"ring_size {ring} x ulysses_size {ulysses}{tp} with "
-                            f"{knobs_name(knobs)}: {total / GIB:.2f} of {budget / GIB:.2f} GiB per rank"
+                            f"{knobs.name}: {total / GIB:.2f} of {budget / GIB:.2f} GiB per rank"
                         )
                         return out
     # Beyond the cluster (sequence groups doubling, the spec's tensor_size): only to say how many
@@ -223,7 +209,7 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
 
 def _short(
     out: Fit,
-    best: tuple[int, JobSpec, dict[str, Any], dict[str, Any]] | None,
+    best: tuple[int, JobSpec, MemoryKnobs, dict[str, Any]] | None,
     budget: int,
     world_needed: int | None,
     devices: int,
@@ -252,7 +238,7 @@ def _short(
     out.message = (
         f"nothing fits {budget / GIB:.2f} GiB per rank within the cluster's {devices} devices: the "
         f"best candidate (ring_size {out.ring_size} x ulysses_size {out.ulysses_size}{tp_best} with "
-        f"{knobs_name(knobs)}) needs {total / GIB:.2f} GiB, {out.shortfall_bytes} bytes "
+        f"{knobs.name}) needs {total / GIB:.2f} GiB, {out.shortfall_bytes} bytes "
         f"({out.shortfall_bytes / GIB:.2f} GiB) over; it would need {needed}"
     )
     return out

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from workers.config import JobSpec
+from workers.data import DataSource, build_source
+from workers.models import tokenizer_for
 from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, read_weights
 
@@ -20,6 +22,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def source_of(spec: JobSpec) -> DataSource:
+    """The job's data source as the trainer builds it: with its model kind's tokenizer."""
+    return build_source(spec, tokenizer_for(spec))
 
 
 def tiny_spec(**over: Any) -> JobSpec:

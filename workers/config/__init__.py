@@ -4,11 +4,13 @@ Kept free of torch/ray imports so the control plane can validate specs without l
 Cross-field rules raise errors located at the offending field (e.g. ``data.seq_len``) so that
 the API can answer 422 naming it. `workers.config` is the public import path; the modules:
 `base` (strict fields, errors at a path), `sections` (data, parallel, train, ...), `models` (the
-native config and the kind table), `pretrained` (`model.kind: hf`), `rules` (cross-section
-rules the planner also asks), `spec` (`JobSpec`, `load_spec`).
+native config and the kind table), `pretrained` (`model.kind: hf`), `knobs` (the memory knobs as one
+value), `rules` (cross-section rules the planner also asks), `spec` (`JobSpec`, `load_spec`).
 """
 
 from workers.config.base import MAX_MLP_TILES, MAX_SEQ_LEN, MAX_WORLD, Layout, StrictModel
+from workers.config.knobs import CANDIDATES as KNOB_CANDIDATES
+from workers.config.knobs import MemoryKnobs, mlp_tiles
 from workers.config.models import MODEL_CONFIGS, ModelConfig, ModelSection
 from workers.config.pretrained import (
     PRETRAINED_FAMILIES,
@@ -39,12 +41,12 @@ from workers.config.sections import (
     TokensData,
     TrainConfig,
     VerifyConfig,
-    mlp_tiles,
 )
 from workers.config.spec import JobSpec, load_spec
 
 __all__ = [
     "AUTO_RING",
+    "KNOB_CANDIDATES",
     "MAX_MLP_TILES",
     "MAX_SEQ_LEN",
     "MAX_WORLD",
@@ -59,6 +61,7 @@ __all__ = [
     "HFModelConfig",
     "JobSpec",
     "Layout",
+    "MemoryKnobs",
     "ModelConfig",
     "ModelSection",
     "ParallelConfig",

@@ -3,12 +3,12 @@ verification and resources."""
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, WithJsonSchema, field_serializer, field_validator
 
 from workers.config.base import MAX_MLP_TILES, MAX_SEQ_LEN, MAX_WORLD, Layout, StrictModel
+from workers.config.knobs import Checkpointing, MemoryKnobs
 from workers.parallel_dims import ParallelDims
 
 
@@ -188,7 +188,7 @@ class TrainConfig(StrictModel):
     beta2: float = Field(0.95, ge=0, lt=1)
     grad_clip: float = Field(1.0, ge=0, le=1e6, description="0 disables clipping")
     seed: int = Field(0, ge=0, le=2**63 - 1)
-    activation_checkpointing: Literal["none", "selective", "full"] = Field(
+    activation_checkpointing: Checkpointing = Field(
         "none",
         description="recompute in backward: none, selective (each MLP), full (each block); true = full",
     )
@@ -217,15 +217,10 @@ class TrainConfig(StrictModel):
             )
         return v
 
-
-def mlp_tiles(tiled_mlp: str | int, local_tokens: int, d_model: int) -> int:
-    """Sequence tiles per MLP call for `train.tiled_mlp` (1: untiled). `auto` keeps each tile at about d_model
-    tokens, so a tile's intermediates (~4·ffn_hidden per token) stay near one layer's d_model² weights (ALST's
-    rule); never more tiles than tokens."""
-    if tiled_mlp == "off":
-        return 1
-    n = math.ceil(local_tokens / max(d_model, 1)) if tiled_mlp == "auto" else int(tiled_mlp)
-    return max(1, min(n, local_tokens))
+    @property
+    def knobs(self) -> MemoryKnobs:
+        """The memory knobs as one value (`workers.config.knobs`)."""
+        return MemoryKnobs(self.activation_checkpointing, self.tiled_mlp, self.offload_activations)
 
 
 class CheckpointConfig(StrictModel):

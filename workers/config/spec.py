@@ -104,20 +104,9 @@ class JobSpec(StrictModel):
                 p.ring_size,
                 f"ring_size x data_parallel x ulysses_size x tensor_size must be <= {MAX_WORLD}",
             )
-        if self.train.offload_activations and self.resources.accelerator == "cpu":
-            fail(
-                "train.offload_activations",
-                True,
-                "train.offload_activations moves activations from GPU to host memory: it needs "
-                "resources.accelerator gpu or auto, not cpu",
-            )
-        if self.train.offload_activations and self.train.activation_checkpointing != "full":
-            fail(
-                "train.offload_activations",
-                True,
-                "train.offload_activations offloads the inputs that full checkpointing keeps: it needs "
-                "train.activation_checkpointing: full",
-            )
+        knobs_problem = self.train.knobs.problem(cuda=self.resources.accelerator != "cpu")
+        if knobs_problem:
+            fail(knobs_problem[0], True, knobs_problem[1])
         if self.train.warmup_steps > self.train.steps:
             fail(
                 "train.warmup_steps",

@@ -1,8 +1,9 @@
 """Tokenizers: one small interface, byte-level for native models, the model's own for pretrained ones.
 
 Everything that turns text into training tokens or scores generated tokens (text corpora, passkey
-prompts and answers, evals) goes through `tokenizer_for(spec)`, so a pretrained model always sees
-the ids its embedding was trained on.
+prompts and answers, evals) gets its tokenizer from the caller, which asks the model kind
+(`workers.models.tokenizer_for(spec)`), so a pretrained model always sees the ids its embedding was
+trained on. The data layer never looks up a model kind itself.
 """
 
 from __future__ import annotations
@@ -10,12 +11,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-
-if TYPE_CHECKING:
-    from workers.config import JobSpec
 
 VOCAB_SIZE = 256
 
@@ -132,14 +130,6 @@ def load_tokenizer(path: str) -> HFTokenizer:
     return HFTokenizer(path)
 
 
-def tokenizer_for(spec: JobSpec) -> Tokenizer:
-    """The tokenizer a job's data and evals use, its model kind's (`workers.models.registry`): the
-    model directory's own for `model.kind: hf`, bytes for native models."""
-    from workers.models.registry import kind_for  # imported here: the registry imports this module
-
-    return kind_for(spec).tokenizer(spec.model)
-
-
 __all__ = [
     "VOCAB_SIZE",
     "ByteTokenizer",
@@ -147,5 +137,4 @@ __all__ = [
     "Tokenizer",
     "load_tokenizer",
     "save_byte_tokenizer",
-    "tokenizer_for",
 ]

@@ -11,17 +11,23 @@ model is a `RingModel` (`base.py`).
 from __future__ import annotations
 
 from workers.config import JobSpec
-from workers.models.base import RingModel
+from workers.models.base import RingModel, SequenceParallel
 from workers.models.export import save_pretrained
 from workers.models.hf import PretrainedLM, load_pretrained
 from workers.models.llama import (
-    SequenceParallel,
     Transformer,
     attention_backend,
     build_model,
     token_losses,
 )
-from workers.models.registry import ModelKind, kind_for, kind_of, model_kind, register_model_kind
+from workers.models.registry import (
+    ModelKind,
+    kind_for,
+    kind_of,
+    model_kind,
+    register_model_kind,
+    tokenizer_for,
+)
 
 
 def model_for(spec: JobSpec) -> RingModel:
@@ -47,4 +53,5 @@ __all__ = [
     "register_model_kind",
     "save_pretrained",
     "token_losses",
+    "tokenizer_for",
 ]

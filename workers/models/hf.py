@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.config import HFModelConfig, JobSpec, pretrained_config
-from workers.models.base import RingModel
-from workers.models.llama import SequenceParallel, rms_norm
+from workers.models.base import RingModel, SequenceParallel
+from workers.models.norm import rms_norm
 
 if (
     TYPE_CHECKING
@@ -269,12 +269,9 @@ def load_pretrained(
 
 
 def build_pretrained(cfg: HFModelConfig, spec: JobSpec) -> PretrainedLM:
-    """The spec's pretrained model, unsharded, fp32, with its overrides (checkpointing if asked)."""
-    model = load_pretrained(cfg.path, dtype=torch.float32, **cfg.overrides())
-    if spec.train.activation_checkpointing == "full":
-        no_reentrant = {"use_reentrant": False}
-        model.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=no_reentrant)
-    return model
+    """The spec's pretrained model, unsharded, fp32, with its overrides. Memory knobs are applied
+    from outside (`workers.training.parallelize`), as for every kind."""
+    return load_pretrained(cfg.path, dtype=torch.float32, **cfg.overrides())
 
 
 def construct_pretrained(cfg: HFModelConfig) -> PretrainedLM:

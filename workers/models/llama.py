@@ -9,114 +9,16 @@ so the same module trains single-process or on any ring without rebuilding it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.utils.checkpoint import checkpoint
 
 from workers import attention
 from workers.config import JobSpec, ModelConfig
-from workers.models.base import RingModel
-
-
-@dataclass(frozen=True)
-class SequenceParallel:
-    """Where a model's attention runs: the ring (`group`; None with torch.distributed off is a ring of one) and,
-    for Ulysses × ring, the Ulysses group whose all-to-all trades sequence for heads around it."""
-
-    group: dist.ProcessGroup | None
-    layout: str = "zigzag"
-    ulysses_group: dist.ProcessGroup | None = None
-
-    @property
-    def world(self) -> int:
-        """Ranks one sequence is spread over (ring × Ulysses). A ring `group` of None is the default group, as in
-        `ring_attention`."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return 1
-        ring = dist.get_world_size(self.group)
-        return ring * (
-            dist.get_world_size(self.ulysses_group) if self.ulysses_group is not None else 1
-        )
-
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        softmax_scale: float | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Causal attention of this rank's shard, [batch, seq_local, heads, head_dim] in and out."""
-        if self.ulysses_group is not None and dist.get_world_size(self.ulysses_group) > 1:
-            if (
-                self.group is None
-            ):  # ring_attention would take None for the whole world, not a ring of one
-                raise ValueError(
-                    "SequenceParallel with a Ulysses group needs its ring group (one rank for no ring)"
-                )
-            return attention.usp_attention(
-                q,
-                k,
-                v,
-                causal=True,
-                layout=self.layout,
-                ulysses_group=self.ulysses_group,
-                ring_group=self.group,
-                softmax_scale=softmax_scale,
-                cu_seqlens=cu_seqlens,
-            )
-        return attention.ring_attention(
-            q,
-            k,
-            v,
-            causal=True,
-            layout=self.layout,
-            group=self.group,
-            softmax_scale=softmax_scale,
-            cu_seqlens=cu_seqlens,
-        )
-
-
-class _RMSNorm(torch.autograd.Function):
-    """y = (x·rsqrt(mean(x²) + eps)).to(x.dtype) · weight, normalised in fp32 even under bf16 autocast.
-
-    Autograd's own graph of these ops keeps the normalised x (one more activation per token) for the
-    weight's gradient; this keeps x and the per-token rsqrt only and recomputes the rest in backward.
-    The forward is the same ops in the same order, so its values are unchanged."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        xf = x.float()
-        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, rstd, weight)
-        return (xf * rstd).to(x.dtype) * weight
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, rstd, weight = ctx.saved_tensors
-        n = x.float() * rstd  # the normalised input, recomputed
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            normed = n.to(x.dtype).float()  # what the forward multiplied the weight by
-            grad_weight = (grad.float() * normed).sum(tuple(range(grad.dim() - 1))).to(weight.dtype)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            g = (grad * weight).float()  # d/d(normed), back through the cast
-            grad_x = (rstd * (g - n * (g * n).mean(-1, keepdim=True))).to(x.dtype)
-        return grad_x, grad_weight, None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as the native model and transformers' Llama/Mistral/Qwen norms compute it (see `_RMSNorm`)."""
-    out: torch.Tensor = _RMSNorm.apply(x, weight, eps)
-    return out
+from workers.models.base import RingModel, SequenceParallel
+from workers.models.norm import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -226,10 +128,9 @@ class Block(nn.Module):
 class Transformer(RingModel):
     """tokens [batch, seq_local] + global positions [seq_local] → logits [batch, seq_local, vocab] (fp32)."""
 
-    def __init__(self, cfg: ModelConfig, activation_checkpointing: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.activation_checkpointing = activation_checkpointing
         self.sp: SequenceParallel | None = None
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -287,10 +188,7 @@ class Transformer(RingModel):
         cos, sin = rope_tables(positions.to(tokens.device), self.cfg.head_dim, self.cfg.rope_theta)
         x = self.tok_emb(tokens)
         for layer in self.layers:
-            if self.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, self.sp, cu_seqlens, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin, self.sp, cu_seqlens)
+            x = layer(x, cos, sin, self.sp, cu_seqlens)
         return self.norm(x)
 
     def forward(
@@ -328,9 +226,10 @@ def native_tp_plan(model: Transformer) -> dict[str, str]:
     return dict(NATIVE_PLAN)
 
 
-def build_model(cfg: ModelConfig, seed: int, activation_checkpointing: bool = False) -> Transformer:
-    """Build and initialise on CPU in fp32 (identical on every rank and device type); move it yourself."""
-    model = Transformer(cfg, activation_checkpointing)
+def build_model(cfg: ModelConfig, seed: int) -> Transformer:
+    """Build and initialise on CPU in fp32 (identical on every rank and device type); move it yourself.
+    Memory knobs (checkpointing, tiled MLP) are applied from outside: `workers.training.parallelize`."""
+    model = Transformer(cfg)
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
 

@@ -95,6 +95,12 @@ def kind_for(spec: JobSpec) -> ModelKind[Any, Any]:
     return model_kind(spec.model.kind)
 
 
+def tokenizer_for(spec: JobSpec) -> Tokenizer:
+    """The tokenizer a job's data and evals use: the model directory's own for `model.kind: hf`,
+    bytes for native models. Callers hand it to the data layer (`workers.data.build_source`)."""
+    return kind_for(spec).tokenizer(spec.model)
+
+
 def kind_of(model: nn.Module) -> ModelKind[Any, Any]:
     """The entry whose `model_class` this model is (the most derived one: FSDP2 subclasses a sharded
     model's class, and a kind may subclass another's model)."""
@@ -107,7 +113,7 @@ def kind_of(model: nn.Module) -> ModelKind[Any, Any]:
 
 
 def _build_native(cfg: ModelConfig, spec: JobSpec) -> Transformer:
-    return build_model(cfg, spec.train.seed, spec.train.activation_checkpointing == "full")
+    return build_model(cfg, spec.train.seed)
 
 
 def _byte_tokenizer(cfg: ModelConfig) -> Tokenizer:

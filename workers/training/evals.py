@@ -22,8 +22,8 @@ from torch import nn
 
 from workers import metrics
 from workers.config import JobSpec
-from workers.data import from_windows, make_sample, sample_generator, take_shard
-from workers.data.tokenizer import tokenizer_for
+from workers.data import from_windows, make_sample, sample_generator
+from workers.models import tokenizer_for
 from workers.training.mesh import Mesh
 
 EVAL_SALT = 0x5EED_E7A1  # eval keys never coincide with the training stream
@@ -88,14 +88,7 @@ def passkey_accuracy(
                     torch.stack([s.tokens for s in samples]),
                     torch.stack([s.answer_mask() for s in samples]),
                 )
-                local = take_shard(
-                    batch,
-                    dp_index=0,
-                    dp_size=1,
-                    layout=spec.parallel.layout,
-                    ring_group=mesh.ring_group,
-                    ulysses_group=mesh.ulysses_group if mesh.ulysses_size > 1 else None,
-                ).to(device)
+                local = mesh.shard(batch, spec.parallel.layout, replicated=True).to(device)
                 with _autocast(device):
                     logits = model(local.inputs, local.positions)
                 if not ids:

@@ -15,12 +15,13 @@ hold the same tokens, so they are not part of the sum.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from workers.parallel_dims import ParallelDims
+from workers.data.batch import Batch, take_shard
+from workers.parallel_dims import ParallelDims, RankCoordinates
 
 DIMS = ("dp", "ring", "ulysses", "tp")
 SHARD_DIMS = ("dp", "ring", "ulysses")
@@ -29,80 +30,112 @@ SHARD_DIM = "dp_ring_ulysses"
 
 @dataclass(frozen=True)
 class Mesh:
-    rank: int
-    world: int
-    data_parallel: int
-    ring_size: int
-    ring_group: dist.ProcessGroup | None  # None: single process without torch.distributed
-    dp_group: dist.ProcessGroup | None
-    ulysses_size: int = 1
-    ulysses_group: dist.ProcessGroup | None = None
+    """The shape (`dims`, the only copy of the degrees) and this rank's groups in it."""
+
+    dims: ParallelDims = field(default_factory=ParallelDims)
+    rank: int = 0
     device_mesh: DeviceMesh | None = None  # dims DIMS; None without torch.distributed
     shard_mesh: DeviceMesh | None = None  # SHARD_DIMS flattened: what FSDP shards over
-    tensor_size: int = 1
-    tp_mesh: DeviceMesh | None = None  # the "tp" dimension: what tensor parallelism splits over
+    groups: dict[str, dist.ProcessGroup] = field(default_factory=dict, compare=False)  # by DIMS
 
     @property
-    def dims(self) -> ParallelDims:
-        return ParallelDims(self.data_parallel, self.ring_size, self.ulysses_size, self.tensor_size)
+    def world(self) -> int:
+        return self.dims.world_size
 
     @property
-    def tp_rank(self) -> int:
-        return self.dims.coordinates(self.rank).tp_rank
+    def data_parallel(self) -> int:
+        return self.dims.data_parallel
 
     @property
-    def tp_group(self) -> dist.ProcessGroup | None:
-        return self.tp_mesh.get_group() if self.tp_mesh is not None else None
+    def ring_size(self) -> int:
+        return self.dims.ring_size
+
+    @property
+    def ulysses_size(self) -> int:
+        return self.dims.ulysses_size
+
+    @property
+    def tensor_size(self) -> int:
+        return self.dims.tensor_size
+
+    @property
+    def at(self) -> RankCoordinates:
+        return self.dims.coordinates(self.rank)
 
     @property
     def dp_index(self) -> int:
-        return self.dims.coordinates(self.rank).dp_index
+        return self.at.dp_index
 
     @property
     def ring_rank(self) -> int:
-        return self.dims.coordinates(self.rank).ring_rank
+        return self.at.ring_rank
 
     @property
     def ulysses_rank(self) -> int:
-        return self.dims.coordinates(self.rank).ulysses_rank
+        return self.at.ulysses_rank
+
+    @property
+    def tp_rank(self) -> int:
+        return self.at.tp_rank
 
     @property
     def distributed(self) -> bool:
         return self.world > 1
 
+    @property
+    def ring_group(self) -> dist.ProcessGroup | None:
+        """None: a single process without torch.distributed (the whole sequence is local)."""
+        return self.groups.get("ring")
 
-def build_mesh(
-    ring_size: int,
-    data_parallel: int,
-    ulysses_size: int = 1,
-    device_type: str = "cpu",
-    tensor_size: int = 1,
-) -> Mesh:
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        return self.groups.get("dp")
+
+    @property
+    def ulysses_group(self) -> dist.ProcessGroup | None:
+        """The Ulysses all-to-all's group; None when ulysses_size is 1 (there is no all-to-all)."""
+        return self.groups.get("ulysses") if self.ulysses_size > 1 else None
+
+    @property
+    def tp_mesh(self) -> DeviceMesh | None:
+        """The "tp" dimension: what tensor parallelism splits over (None without it)."""
+        return (
+            self.device_mesh["tp"]
+            if self.device_mesh is not None and self.tensor_size > 1
+            else None
+        )
+
+    @property
+    def tp_group(self) -> dist.ProcessGroup | None:
+        return self.groups.get("tp") if self.tensor_size > 1 else None
+
+    def shard(self, batch: Batch, layout: str, *, replicated: bool = False) -> Batch:
+        """This rank's part of a global batch: its replica's rows and its sequence shard.
+
+        `replicated`: every replica runs every row (verification and the passkey grid run the
+        same sequences everywhere), so only the sequence is split."""
+        return take_shard(
+            batch,
+            dp_index=0 if replicated else self.dp_index,
+            dp_size=1 if replicated else self.data_parallel,
+            layout=layout,
+            ring_group=self.ring_group,
+            ulysses_group=self.ulysses_group,
+        )
+
+
+def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> Mesh:
     """The mesh over the initialized default group (collective: all ranks call it, in the same order).
 
     Without torch.distributed only a world of one is possible, and there is nothing to shard over."""
-    dims = ParallelDims(data_parallel, ring_size, ulysses_size, tensor_size)
     if not (dist.is_available() and dist.is_initialized()):
         if dims.world_size != 1:
             raise RuntimeError(f"{dims.describe()} needs torch.distributed")
-        return Mesh(0, 1, 1, 1, None, None)
+        return Mesh(dims)
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != dims.world_size:
         raise RuntimeError(f"world size {world} != {dims.describe()}")
-    mesh = init_device_mesh(
-        device_type, (data_parallel, ring_size, ulysses_size, tensor_size), mesh_dim_names=DIMS
-    )
-    return Mesh(
-        rank=rank,
-        world=world,
-        data_parallel=data_parallel,
-        ring_size=ring_size,
-        ring_group=mesh["ring"].get_group(),
-        dp_group=mesh["dp"].get_group(),
-        ulysses_size=ulysses_size,
-        ulysses_group=mesh["ulysses"].get_group(),
-        device_mesh=mesh,
-        shard_mesh=mesh[SHARD_DIMS]._flatten(SHARD_DIM),
-        tensor_size=tensor_size,
-        tp_mesh=mesh["tp"] if tensor_size > 1 else None,
-    )
+    shape = (dims.data_parallel, dims.ring_size, dims.ulysses_size, dims.tensor_size)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=DIMS)
+    groups = {dim: mesh[dim].get_group() for dim in DIMS}
+    return Mesh(dims, rank, mesh, mesh[SHARD_DIMS]._flatten(SHARD_DIM), groups)

@@ -43,7 +43,7 @@ from torch.distributed.fsdp import (
 )
 from torch.utils.checkpoint import checkpoint
 
-from workers.config import mlp_tiles
+from workers.config import MemoryKnobs, mlp_tiles
 from workers.models import RingModel
 from workers.training.mesh import Mesh
 from workers.training.offload import BlockInputOffload, offload_block_inputs
@@ -118,31 +118,28 @@ def parallelize(
     model: nn.Module,
     mesh: Mesh,
     device: torch.device,
-    *,
-    activation_checkpointing: str | bool,
-    tiled_mlp: str | int = "off",
-    offload_activations: bool = False,
+    knobs: MemoryKnobs | None = None,
 ) -> Parallelized:
     """Tensor parallelism first (plain modules in, DTensor-split projections out), then the memory
     knobs (inside each FSDP unit, so FSDP's gather/free hooks stay outside the recomputed region),
-    then FSDP."""
-    if isinstance(activation_checkpointing, bool):  # the older boolean form
-        activation_checkpointing = "full" if activation_checkpointing else "none"
-    mode = activation_checkpointing
-    if offload_activations and device.type != "cuda":
-        raise ValueError("train.offload_activations needs CUDA: this rank has no GPU")
-    if offload_activations and mode != "full":
-        raise ValueError("train.offload_activations needs train.activation_checkpointing: full")
+    then FSDP. Knobs this rank cannot run (`MemoryKnobs.problem`, the rule the spec checked at
+    submission) raise ValueError."""
+    knobs = knobs or MemoryKnobs()
+    problem = knobs.problem(cuda=device.type == "cuda")
+    if problem:
+        raise ValueError(f"{problem[1]} (this rank runs on {device.type})")
+    mode, tiled_mlp = knobs.activation_checkpointing, knobs.tiled_mlp
     tensor = None
     if mesh.tp_mesh is not None:
-        tensor = apply_tensor_parallel(model, mesh.tp_mesh, tiled_mlp=tiled_mlp != "off")
-    if tiled_mlp != "off":
+        tensor = apply_tensor_parallel(model, mesh.tp_mesh, tiled_mlp=knobs.tiled)
+    if knobs.tiled:
         apply_tiled_mlp(model, tiled_mlp, _hidden_size(model))
-    if mode == "selective" and tiled_mlp == "off":
+    if mode == "selective" and not knobs.tiled:
         apply_mlp_checkpointing(model)
     if mode == "full":
         apply_activation_checkpointing(model)
-    offload = offload_block_inputs(model.layers, device) if offload_activations else None  # type: ignore[arg-type]
+    blocks: nn.ModuleList = model.layers  # type: ignore[assignment]
+    offload = offload_block_inputs(blocks, device) if knobs.offload_activations else None
     if mesh.shard_mesh is not None:
         apply_fsdp(model, mesh, device)
     return Parallelized(offload, tensor)

@@ -29,8 +29,9 @@ import torch.distributed as dist
 
 from workers import metrics
 from workers.config import JobSpec
-from workers.data import Batch, TokensSource, build_source, take_shard
-from workers.models import SequenceParallel, attention_backend, save_pretrained
+from workers.data import Batch, TokensSource, build_source
+from workers.models import SequenceParallel, attention_backend, save_pretrained, tokenizer_for
+from workers.parallel_dims import ParallelDims
 from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
 from workers.training.evals import passkey_accuracy
@@ -101,33 +102,26 @@ class Trainer:
         self.device = device or default_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.mesh = build_mesh(
-            spec.parallel.ring_size,
-            spec.parallel.data_parallel,
-            spec.parallel.ulysses_size,
-            self.device.type,
-            spec.parallel.tensor_size,
-        )
+        self.mesh = build_mesh(ParallelDims.of(spec.parallel), self.device.type)
         torch.manual_seed(spec.train.seed)
         self.model = skeleton(spec)
         self.parallelized = parallelize(
             self.model,
             self.mesh,
             self.device,
-            activation_checkpointing=spec.train.activation_checkpointing,
-            tiled_mlp=spec.train.tiled_mlp,
-            offload_activations=spec.train.offload_activations,
+            spec.train.knobs,
         )
         self.offload = self.parallelized.offload
         materialize(self.model, spec, self.device)
         self.model.set_sequence_parallel(
-            SequenceParallel(self.mesh.ring_group, spec.parallel.layout, self._ulysses_group())
+            SequenceParallel(self.mesh.ring_group, spec.parallel.layout, self.mesh.ulysses_group)
         )
         self.model.train()
         self.params = list(self.model.parameters())
         self.optimizer = build_optimizer(self.model, spec.train)
         self.scheduler = build_scheduler(self.optimizer, spec.train)
-        self.data = build_source(spec)
+        self.tokenizer = tokenizer_for(spec)
+        self.data = build_source(spec, self.tokenizer)
         self.memory = PeakMemory(self.device)
         self.attention_backend = attention_backend(self.device)
         self.step = 0
@@ -236,7 +230,6 @@ class Trainer:
             self.spec,
             self.mesh,
             self.device,
-            ulysses_group=self._ulysses_group(),
             # the dtype `_autocast` trains in
             autocast_dtype=torch.bfloat16 if self.device.type == "cuda" else None,
             finish_gradients=self.parallelized.finish_gradients,
@@ -251,19 +244,9 @@ class Trainer:
             raise VerificationFailed(result.reason())
 
     # -- one step ------------------------------------------------------------------------------------------------
-    def _ulysses_group(self) -> dist.ProcessGroup | None:
-        return self.mesh.ulysses_group if self.mesh.ulysses_size > 1 else None
-
     def local_batch(self) -> Batch:
         batch = self.data.global_batch(self.step, self.spec.train.batch_size)
-        return take_shard(
-            batch,
-            dp_index=self.mesh.dp_index,
-            dp_size=self.mesh.data_parallel,
-            layout=self.spec.parallel.layout,
-            ring_group=self.mesh.ring_group,
-            ulysses_group=self._ulysses_group(),
-        ).to(self.device)
+        return self.mesh.shard(batch, self.spec.parallel.layout).to(self.device)
 
     def forward_backward(self, local: Batch) -> torch.Tensor:
         """Backpropagate this rank's *sum* of weighted token losses; returns it (normalised after the reduce).

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from workers import metrics as catalog
 from workers.config import JobSpec
-from workers.data import TokensSource, take_shard
+from workers.data import TokensSource
 from workers.training.loss import token_losses
 from workers.training.mesh import Mesh
 
@@ -54,14 +54,7 @@ def validation_loss(
         2, len(edges) - 1, dtype=torch.float64, device=device
     )  # [loss, weight] per bucket
     for batch in batches:
-        local = take_shard(
-            batch,
-            dp_index=mesh.dp_index,
-            dp_size=mesh.data_parallel,
-            layout=spec.parallel.layout,
-            ring_group=mesh.ring_group,
-            ulysses_group=mesh.ulysses_group if mesh.ulysses_size > 1 else None,
-        ).to(device)
+        local = mesh.shard(batch, spec.parallel.layout).to(device)
         positions = local.positions if local.doc_positions is None else local.doc_positions
         with _autocast(device):
             hidden = model.features(local.inputs, positions, cu_seqlens=local.cu_seqlens)

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from workers import metrics as catalog
 from workers.config import JobSpec, seq_multiple
-from workers.data.batch import Batch, from_windows, take_shard
+from workers.data.batch import Batch, from_windows
 from workers.models import RingModel, SequenceParallel
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.mesh import Mesh
@@ -296,7 +296,6 @@ def verify(
     mesh: Mesh,
     device: torch.device,
     *,
-    ulysses_group: dist.ProcessGroup | None = None,
     autocast_dtype: torch.dtype | None = None,
     finish_gradients: Callable[[], None] | None = None,
 ) -> Verification:
@@ -307,14 +306,7 @@ def verify(
     t0 = time.perf_counter()
     tokens = verification_tokens(spec)
     batch = verification_batch(spec, tokens)
-    local = take_shard(
-        batch,
-        dp_index=0,
-        dp_size=1,
-        layout=spec.parallel.layout,
-        ring_group=mesh.ring_group,
-        ulysses_group=ulysses_group,
-    ).to(device)
+    local = mesh.shard(batch, spec.parallel.layout, replicated=True).to(device)
     whole = batch.to(device)
     rows = local.positions.to(device)
     dtype = autocast_dtype or torch.float32

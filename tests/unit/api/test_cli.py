@@ -185,7 +185,11 @@ def test_status_list_and_follow_show_metrics_as_the_catalog_says(srv, capsys):
         f"  parallel  dp {par.get('data_parallel', 1)} x ring {par['ring_size']} x ulysses 1"
         f" x tensor 1 ({par['layout']}), seq_len {spec['data']['seq_len']}\n"
     ) in out
-    assert "  memory    checkpointing " in out
+    knobs = spec.get("train", {})
+    assert (
+        f"  memory    activation_checkpointing {knobs.get('activation_checkpointing', 'none')}, "
+        f"tiled_mlp {knobs.get('tiled_mlp', 'off')}, offload_activations false\n"
+    ) in out
     metric_lines = out.split("  created")[1].split("\n", 1)[1].split("  history")[0].splitlines()
     assert metric_lines == [
         "  verified  not yet",  # one verify_* point is not a verification (verify_passed is missing)

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from service import capacity
 from service.launcher import ClusterInfo, NodeInfo
-from service.planner import GIB, KNOBS, device_memory, fit, knobs_name, memory_estimate
-from workers.config import JobSpec
+from service.planner import GIB, device_memory, fit, memory_estimate
+from workers.config import KNOB_CANDIDATES, JobSpec, MemoryKnobs
 
 FULL = {"activation_checkpointing": "full", "tiled_mlp": "off", "offload_activations": False}
 FULL_TILED = {**FULL, "tiled_mlp": "auto"}
@@ -59,7 +59,7 @@ def test_smallest_ring_then_cheapest_knobs():
     assert estimate(spec, 4, FULL) <= budget
     f = fit(spec, cpu_cluster(), budget)
     assert f.fits and (f.ring_size, f.ulysses_size) == (4, 1)
-    assert f.knobs == FULL  # full (0.79) before full+tiled (0.67), though both fit
+    assert f.knobs == MemoryKnobs(**FULL)  # full (0.79) before full+tiled (0.67), though both fit
     assert f.spec is not None and f.spec.parallel.ring_size == 4
     assert f.spec.train.activation_checkpointing == "full" and f.spec.train.tiled_mlp == "off"
     assert f.memory["total_bytes"] <= budget
@@ -71,7 +71,7 @@ def test_smallest_ring_then_cheapest_knobs():
 
 
 def test_knobs_are_ordered_by_measured_cost():
-    names = [knobs_name(k) for k in KNOBS]
+    names = [k.name for k in KNOB_CANDIDATES]
     assert names[:5] == ["none", "selective", "tiled", "full", "full+tiled"]
     assert all("offload" in n for n in names[5:])
 
@@ -82,7 +82,7 @@ def test_budget_from_the_bundles_share_of_node_memory():
     assert budget == 1.5 * GIB  # 12 GiB / 8 CPUs x 1 CPU per rank
     assert estimate(spec, 1, FULL) > budget >= estimate(spec, 1, FULL_TILED)
     f = fit(spec, cpu_cluster(memory_gib=12))
-    assert f.fits and f.ring_size == 1 and f.knobs == FULL_TILED
+    assert f.fits and f.ring_size == 1 and f.knobs == MemoryKnobs(**FULL_TILED)
     assert f.memory_per_rank_bytes == 1.5 * GIB
 
 
@@ -121,7 +121,7 @@ def test_nothing_fits_says_by_how_much_and_what_would():
     spec, budget = make_spec(), int(0.45 * GIB)
     f = fit(spec, cpu_cluster(nodes=1, cpus=4), budget)
     best = estimate(spec, 4, FULL_TILED)
-    assert not f.fits and f.ring_size == 4 and f.knobs == FULL_TILED
+    assert not f.fits and f.ring_size == 4 and f.knobs == MemoryKnobs(**FULL_TILED)
     assert f.shortfall_bytes == best - budget > 0
     assert f"{f.shortfall_bytes} bytes" in f.message
     assert f"({f.shortfall_bytes / GIB:.2f} GiB) over" in f.message

@@ -99,7 +99,7 @@ def test_coordinates_match_the_ulysses_and_ring_groups() -> None:
         assert where.dp_index == rank // 4
     five = dims.coordinates(5)
     assert (five.dp_index, five.ring_rank, five.ulysses_rank) == (1, 0, 1)
-    mesh = Mesh(5, 8, data_parallel=2, ring_size=2, ring_group=None, dp_group=None, ulysses_size=2)
+    mesh = Mesh(ParallelDims(data_parallel=2, ring_size=2, ulysses_size=2), rank=5)
     assert (mesh.dp_index, mesh.ring_rank, mesh.ulysses_rank) == (1, 0, 1)
     with pytest.raises(ValueError, match="outside a world of 8"):
         dims.coordinates(8)
@@ -193,7 +193,7 @@ def test_tensor_groups_are_innermost_and_the_mesh_agrees() -> None:
             ulysses,
             tp,
         )
-    mesh = Mesh(3, 8, data_parallel=2, ring_size=2, ring_group=None, dp_group=None, tensor_size=2)
+    mesh = Mesh(ParallelDims(data_parallel=2, ring_size=2, tensor_size=2), rank=3)
     assert (mesh.dp_index, mesh.ring_rank, mesh.tp_rank) == (0, 1, 1)
     # a tensor group splits its ranks' shard again along the sequence (the residual stream between
     # the projections): ring 2 x tensor 2 needs 2 x lcm(2, 2) for zigzag and 2 x 2 for contiguous

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from tests.support.dist import run_distributed
-from tests.support.trainutil import one_thread, tiny_spec
+from tests.support.trainutil import one_thread, source_of, tiny_spec
 from workers.config import JobSpec
-from workers.data import balance, build_source
+from workers.data import balance
 from workers.data.balance import assign_rows, replica_rows, row_costs
 from workers.data.batch import Batch, take_shard
 from workers.data.pack import pack_sequences
@@ -271,13 +271,13 @@ def test_data_parallel_with_balancing_equals_one_process(tmp_path: Path) -> None
     single = _specs(tmp_path, 1)
     two = _specs(tmp_path, 2)
     for spec_json in two:  # this step's rows are really reordered: the test exercises balancing
-        batch = build_source(JobSpec.model_validate_json(spec_json)).global_batch(0, 4)
+        batch = source_of(JobSpec.model_validate_json(spec_json)).global_batch(0, 4)
         assert replica_rows(batch, 2) != contiguous(4, 2), spec_json
     ref = _one_step(0, 1, single)
     per_rank = run_distributed(_one_step, 2, two)
     measured = []
     for c, want in enumerate(ref):
-        batch = build_source(JobSpec.model_validate_json(two[c])).global_batch(0, 4)
+        batch = source_of(JobSpec.model_validate_json(two[c])).global_batch(0, 4)
         for rank, rows in enumerate(replica_rows(batch, 2)):
             assert np.array_equal(per_rank[rank][c]["inputs"], batch.inputs[rows].numpy())
         got = per_rank[0][c]

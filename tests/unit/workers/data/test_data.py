@@ -14,12 +14,11 @@ import pytest
 import torch
 
 from tests.support.dist import run_distributed
-from tests.support.trainutil import one_thread, series, tiny_spec
+from tests.support.trainutil import one_thread, series, source_of, tiny_spec
 from workers.data import (
     ByteTokenizer,
     CachedTextSource,
     PasskeySource,
-    build_source,
     from_windows,
     make_sample,
     sample_generator,
@@ -100,7 +99,7 @@ def test_global_batch_does_not_depend_on_the_parallel_layout():
             (3, 1, "contiguous"),
         ]
     ]
-    batches = [build_source(s).global_batch(9, 4) for s in specs]
+    batches = [source_of(s).global_batch(9, 4) for s in specs]
     for b in batches[1:]:
         assert torch.equal(b.inputs, batches[0].inputs) and torch.equal(
             b.weights, batches[0].weights
@@ -139,7 +138,7 @@ def _write_corpora(tmp_path):
 def _text_source(path: Path, seq_len: int, seed: int, text_field: str = "text") -> CachedTextSource:
     """The source a `kind: text`, `pack: windows` job over `path` reads."""
     data = {"kind": "text", "path": str(path), "seq_len": seq_len, "text_field": text_field}
-    src = build_source(tiny_spec(data={**data, "pack": "windows"}, train={"seed": seed}))
+    src = source_of(tiny_spec(data={**data, "pack": "windows"}, train={"seed": seed}))
     assert isinstance(src, CachedTextSource) and src.pack == "windows"
     return src
 

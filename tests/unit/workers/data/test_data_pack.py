@@ -18,9 +18,9 @@ import torch.distributed as dist
 
 from tests.support.attention_cases import reference_attention
 from tests.support.dist import run_distributed
-from tests.support.trainutil import tiny_spec
+from tests.support.trainutil import source_of, tiny_spec
 from workers.attention import ring_attention, unshard_sequence
-from workers.data import CachedTextSource, build_source
+from workers.data import CachedTextSource
 from workers.data.batch import take_shard
 from workers.data.pack import pack_sequences
 from workers.data.tokenizer import ByteTokenizer
@@ -73,7 +73,7 @@ def source(path: str | Path, seed: int) -> CachedTextSource:
         data={"kind": "text", "path": str(path), "seq_len": SEQ, "pack": "documents"},
         train={"seed": seed},
     )
-    src = build_source(spec)
+    src = source_of(spec)
     assert isinstance(src, CachedTextSource) and src.pack == "documents"
     return src
 

@@ -11,10 +11,11 @@ from pydantic import ValidationError
 from torch import nn
 
 from tests.support.dist import run_distributed
-from tests.support.trainutil import one_thread, series, tiny_spec, train
+from tests.support.trainutil import one_thread, series, source_of, tiny_spec, train
 from workers.attention import unshard_sequence
-from workers.data import ByteTokenizer, PasskeySource, build_source, make_sample, sample_generator
+from workers.data import ByteTokenizer, PasskeySource, make_sample, sample_generator
 from workers.data.tokenizer import HFTokenizer, Tokenizer
+from workers.parallel_dims import ParallelDims
 from workers.training import evals
 from workers.training.evals import EVAL_SALT, cell_name, passkey_accuracy
 from workers.training.mesh import Mesh, build_mesh
@@ -105,7 +106,7 @@ def _ring_eval(rank: int, world: int, layout: str) -> dict[bool, dict[str, float
     spec = tiny_spec(
         parallel={"ring_size": world, "layout": layout}, data={"key_digits": 4}, eval=EVAL
     )
-    mesh = build_mesh(world, 1)
+    mesh = build_mesh(ParallelDims(ring_size=world))
     return {
         w: passkey_accuracy(
             Oracle(ByteTokenizer(), mesh.ring_group, layout, w), spec, mesh, torch.device("cpu")
@@ -167,7 +168,7 @@ def test_prompts_and_answers_are_in_the_models_tokens(bpe_dir, monkeypatch):
     # the eval asks and scores in the same tokens (single process)
     monkeypatch.setattr(evals, "tokenizer_for", lambda spec: tok)
     spec = tiny_spec(data={"key_digits": 5}, eval=EVAL)
-    mesh = Mesh(0, 1, 1, 1, None, None)
+    mesh = Mesh()
     results = {
         w: passkey_accuracy(Oracle(tok, None, "zigzag", w), spec, mesh, torch.device("cpu"))
         for w in (False, True)
@@ -178,7 +179,7 @@ def test_prompts_and_answers_are_in_the_models_tokens(bpe_dir, monkeypatch):
 def test_curriculum_trains_short_contexts_first_and_is_layout_independent():
     stages = [{"steps": 3, "seq_len": 96}, {"steps": 2, "seq_len": 192}]
     spec = tiny_spec(data={"seq_len": 384, "curriculum": stages})
-    src = build_source(spec)
+    src = source_of(spec)
     assert isinstance(src, PasskeySource)
     assert [src.length_at(s) for s in range(7)] == [96, 96, 96, 192, 192, 384, 384]
     for step, length in [(0, 96), (4, 192), (5, 384)]:
@@ -192,10 +193,10 @@ def test_curriculum_trains_short_contexts_first_and_is_layout_independent():
     )
     for step in (1, 3, 6):
         assert torch.equal(
-            build_source(ring).global_batch(step, 2).inputs, src.global_batch(step, 2).inputs
+            source_of(ring).global_batch(step, 2).inputs, src.global_batch(step, 2).inputs
         )
     # without a curriculum: unchanged stream
-    plain = build_source(tiny_spec(data={"seq_len": 384}))
+    plain = source_of(tiny_spec(data={"seq_len": 384}))
     assert torch.equal(plain.global_batch(6, 2).inputs, src.global_batch(6, 2).inputs)
 
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import workers.data.prepare.run as prep
-from tests.support.trainutil import tiny_spec
+from tests.support.trainutil import source_of, tiny_spec
 from tests.unit.workers.data.test_tokens_memory import write_corpus
-from workers.data import CachedTextSource, TokensSource, build_source
+from workers.data import CachedTextSource, TokensSource
 from workers.data.cache import cache_root
 from workers.data.prepare import PrepareError, prepare
 
@@ -76,22 +76,22 @@ def test_a_second_start_tokenizes_nothing_and_a_changed_file_only_itself(
 ) -> None:
     src = corpus(tmp_path)
     spec = text_spec(src, "documents")
-    first = build_source(spec)
+    first = source_of(spec)
     assert isinstance(first, CachedTextSource) and first.ds.path.parent == cache_root()
     assert counted == {"tokenized": 2, "hashed": 2}
     want = batches(first)
 
-    again = build_source(spec)  # a second start (or another rank): nothing read but the index
+    again = source_of(spec)  # a second start (or another rank): nothing read but the index
     assert counted == {"tokenized": 2, "hashed": 2}
     assert again.ds.id == first.ds.id and same(batches(again), want)
 
     os.utime(src / "a.jsonl")  # touched, not changed: hashed again, the same dataset
-    assert build_source(spec).ds.id == first.ds.id
+    assert source_of(spec).ds.id == first.ds.id
     assert counted == {"tokenized": 2, "hashed": 4}
 
     with (src / "b.jsonl").open("a") as f:
         f.write(json.dumps({"body": "a new document"}) + "\n")
-    changed = build_source(spec)
+    changed = source_of(spec)
     assert counted["tokenized"] == 3  # b only; a's shards come from the previous version
     assert changed.ds.id != first.ds.id and len(changed.ds) == len(first.ds) + 1
     assert first.ds.path.is_dir()  # the version a running job reads is never replaced
@@ -105,13 +105,13 @@ def test_text_reads_as_tokens_of_the_same_corpus_and_resumes(
     """The same batches as `kind: tokens` over the corpus prepared by hand (validation 0), and the
     checkpoint state keeps the kind's name."""
     src = corpus(tmp_path)
-    text = build_source(text_spec(src, pack))
+    text = source_of(text_spec(src, pack))
     prepare(src, tmp_path / "by-hand", tokenizer="bytes", text_field="body", inline=True)
     tokens = TokensSource(tmp_path / "by-hand", SEQ, 7, pack)
     assert same(batches(text), batches(tokens))
     state = text.state_dict()
     assert state["kind"] == ("text" if pack == "windows" else "text-documents")
-    resumed = build_source(text_spec(src, pack))
+    resumed = source_of(text_spec(src, pack))
     resumed.load_state_dict(state)
     assert torch.equal(resumed.global_batch(4, 3).inputs, text.global_batch(4, 3).inputs)
     with pytest.raises(ValueError, match="does not apply"):
@@ -122,10 +122,10 @@ def test_a_bad_corpus_fails_naming_file_and_line(tmp_path: Path, counted: dict[s
     src = corpus(tmp_path)
     (src / "b.jsonl").write_text('{"body": "fine"}\n{"body": broken\n')
     with pytest.raises(PrepareError, match=f"{src / 'b.jsonl'}:2: not a JSON object"):
-        build_source(text_spec(src, "documents"))
+        source_of(text_spec(src, "documents"))
     assert [p.name for p in cache_root().iterdir()] == ["index"]  # no dataset, no staging
     with pytest.raises(ValueError, match="no such file or directory"):
-        build_source(text_spec(tmp_path / "missing.jsonl", "windows"))
+        source_of(text_spec(tmp_path / "missing.jsonl", "windows"))
 
 
 OPENER = """
@@ -142,6 +142,7 @@ prep.tokenize_chunk = counting
 
 from workers.config import JobSpec
 from workers.data import build_source
+from workers.models import tokenizer_for
 
 spec = JobSpec.model_validate_json(sys.argv[1])
 barrier = Path(sys.argv[2])
@@ -149,7 +150,7 @@ barrier = Path(sys.argv[2])
 while len(list(barrier.iterdir())) < 2:  # both processes imported: open at the same moment
     time.sleep(0.001)
 start = time.time()
-source = build_source(spec)
+source = build_source(spec, tokenizer_for(spec))
 end = time.time()
 inputs = source.global_batch(0, 3).inputs
 print(json.dumps({"tokenized": count[0], "start": start, "end": end, "id": source.ds.id,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.support.dist import run_distributed
-from tests.support.trainutil import one_thread, series, tiny_spec, train
+from tests.support.trainutil import one_thread, series, source_of, tiny_spec, train
 from tests.unit.workers.data.test_prepare import CHATS, GENERATION_TEMPLATE, write_tokenizer
 from workers.data import TokensSource, open_dataset
 from workers.data.prepare import prepare
@@ -147,11 +147,10 @@ def test_chat_loss_mask_is_the_label_weight(tmp_path: Path) -> None:
 def _first_loss_reference(spec_json: str) -> float:
     """The masked token mean of step 0's global batch on one unsharded model: the loss the trainer must report."""
     from workers.config import JobSpec
-    from workers.data import build_source
 
     spec = JobSpec.model_validate_json(spec_json)
     model = build_model(spec.model, spec.train.seed)
-    batch = build_source(spec).global_batch(0, spec.train.batch_size)
+    batch = source_of(spec).global_batch(0, spec.train.batch_size)
     with torch.no_grad():
         logits = model(batch.inputs, batch.doc_positions, cu_seqlens=batch.cu_seqlens)
         losses = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), reduction="none")
@@ -207,8 +206,6 @@ def test_masked_loss_and_val_loss_on_a_ring_equal_one_process(tmp_path: Path) ->
 def test_tokens_spec_fields_and_a_dataset_of_another_vocabulary(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from workers.data import build_source
-
     spec = tiny_spec(data={"kind": "tokens", "path": "/data/ds", "seq_len": 128})
     assert (
         spec.data.kind == "tokens" and spec.data.pack == "documents" and spec.data.validation == 0.0
@@ -226,4 +223,4 @@ def test_tokens_spec_fields_and_a_dataset_of_another_vocabulary(tmp_path: Path) 
         data={"kind": "tokens", "path": str(path), "seq_len": 128}
     )  # native vocabulary 256
     with pytest.raises(ValueError, match="more than the model's vocabulary"):
-        build_source(small)
+        source_of(small)

@@ -40,7 +40,7 @@ for mode, spec_json in zip(sys.argv[1::2], sys.argv[2::2]):
     gc.collect()
     open("/proc/self/clear_refs", "w").write("5")  # the peak from here on: imports do not count
     before, anon = status("VmRSS"), status("RssAnon")
-    source = build_source(spec)
+    source = source_of(spec)
     total, anon_peak = 0, status("RssAnon")
     for step in range(STEPS):
         batch = source.global_batch(step, spec.train.batch_size)

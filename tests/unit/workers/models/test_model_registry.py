@@ -20,7 +20,7 @@ from torch import nn
 
 import workers.config as config
 from workers.config import MODEL_CONFIGS, HFModelConfig, JobSpec, ModelConfig
-from workers.data.tokenizer import ByteTokenizer, HFTokenizer, tokenizer_for
+from workers.data.tokenizer import ByteTokenizer, HFTokenizer
 from workers.models import (
     PretrainedLM,
     Transformer,
@@ -28,6 +28,7 @@ from workers.models import (
     model_for,
     registry,
     save_pretrained,
+    tokenizer_for,
 )
 from workers.models.export import write_native
 from workers.models.llama import init_shards, native_tp_plan

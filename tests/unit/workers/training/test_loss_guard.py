@@ -12,8 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.trainutil import one_thread, tiny_spec
-from workers.data import build_source
+from tests.support.trainutil import one_thread, source_of, tiny_spec
 from workers.models import build_model
 from workers.training.trainer import Trainer
 
@@ -23,7 +22,7 @@ assert one_thread  # autouse fixture, imported to apply to this module
 def _reference(spec) -> tuple[float, dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
     """Weighted token mean of step 0's batch and its gradients, in float64 on one unsharded model."""
     model = build_model(spec.model, spec.train.seed).double()
-    batch = build_source(spec).global_batch(0, spec.train.batch_size)
+    batch = source_of(spec).global_batch(0, spec.train.batch_size)
     logits = model(batch.inputs, batch.positions).double()
     ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), reduction="none")
     w = batch.weights.flatten().double()

@@ -32,13 +32,13 @@ RTOL = 1e-5  # fp32; measured differences are <= 2e-7 of a gradient's largest el
 ATOL_OF_SCALE = 2e-6
 
 
-def _parallelize_offloading_on_cpu(model, mesh, device, **knobs):
+def _parallelize_offloading_on_cpu(model, mesh, device, knobs):
     """`parallelize` with full checkpointing and the offload mechanism forced on (CPU copies, no streams)."""
     from workers.training import parallelize as par
     from workers.training.offload import offload_block_inputs
 
-    if knobs["tiled_mlp"] != "off":
-        par.apply_tiled_mlp(model, knobs["tiled_mlp"], par._hidden_size(model))
+    if knobs.tiled:
+        par.apply_tiled_mlp(model, knobs.tiled_mlp, par._hidden_size(model))
     par.apply_activation_checkpointing(model)
     state = offload_block_inputs(model.layers, device)
     if mesh.shard_mesh is not None:

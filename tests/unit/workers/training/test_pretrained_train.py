@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.support.hf_fixtures import CORPUS, write_checkpoint
+from tests.support.trainutil import source_of
 from tests.unit.workers.training.test_train_entry import _torchrun
 from workers.config import JobSpec
 
@@ -45,9 +46,7 @@ def _spec(model_dir: Path, corpus: Path) -> JobSpec:
 def test_torchrun_trains_and_exports_a_pretrained_model(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.data import build_source
-    from workers.data.tokenizer import tokenizer_for
-    from workers.models import load_pretrained, model_for
+    from workers.models import load_pretrained, model_for, tokenizer_for
     from workers.training.checkpoint import latest_step, load_checkpoint
 
     src = write_checkpoint(tmp_path / "qwen", "qwen2", tie_word_embeddings=True)
@@ -68,7 +67,7 @@ def test_torchrun_trains_and_exports_a_pretrained_model(tmp_path: Path) -> None:
     assert len(losses) == STEPS
 
     # step 1's loss, computed here on one process: the model's own tokens, transformers' own model
-    batch = build_source(spec).global_batch(0, spec.train.batch_size)
+    batch = source_of(spec).global_batch(0, spec.train.batch_size)
     assert int(batch.inputs.max()) > 255  # BPE ids, not bytes
     assert tokenizer_for(spec).decode(batch.inputs[0, :20]) in CORPUS
     with torch.no_grad():

@@ -15,7 +15,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from tests.support.dist import run_distributed
 from tests.support.hf_fixtures import write_checkpoint
 from tests.support.trainutil import one_thread, tiny_spec
+from workers.config import MemoryKnobs
 from workers.models import build_model, load_pretrained
+from workers.parallel_dims import ParallelDims
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.materialize import materialize, skeleton
 from workers.training.mesh import build_mesh
@@ -99,7 +101,7 @@ def test_chunked_loss_in_bf16_stays_close():
 def _materialised(rank: int, world: int, hf_dir: str) -> dict[str, float]:
     """Max |difference| between each sharded, materialised model gathered whole and its unsharded reference."""
     out = {}
-    mesh = build_mesh(world, 1)
+    mesh = build_mesh(ParallelDims(ring_size=world))
     native = tiny_spec(model={"tie_embeddings": True}, parallel={"ring_size": world})
     hf = tiny_spec(model={"kind": "hf", "path": hf_dir}, parallel={"ring_size": world})
     references = {
@@ -109,7 +111,7 @@ def _materialised(rank: int, world: int, hf_dir: str) -> dict[str, float]:
     for kind, spec in (("native", native), ("hf", hf)):
         model = skeleton(spec)
         assert all(p.is_meta for p in model.parameters())
-        parallelize(model, mesh, torch.device("cpu"), activation_checkpointing=True)
+        parallelize(model, mesh, torch.device("cpu"), MemoryKnobs("full"))
         materialize(model, spec, torch.device("cpu"))
         local = sum(p.to_local().numel() for p in model.parameters())
         assert (

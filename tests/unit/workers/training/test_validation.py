@@ -135,9 +135,7 @@ def test_val_loss_and_every_bucket_match_numpy_on_packed_masked_batches() -> Non
     spec = tiny_spec(data={"seq_len": SEQ}, train={"batch_size": 2})
     model.train()
 
-    got = validation_loss(
-        model, HeldOut(batches), spec, Mesh(0, 1, 1, 1, None, None), torch.device("cpu")
-    )
+    got = validation_loss(model, HeldOut(batches), spec, Mesh(), torch.device("cpu"))
 
     want = _reference(batches, logits)
     assert set(got) == set(want)  # val_loss and one value per bucket, no more

@@ -122,7 +122,6 @@ def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dic
                 spec,
                 t.mesh,
                 t.device,
-                ulysses_group=t._ulysses_group(),
                 autocast_dtype=dtype,
             )
             assert all(p.grad is None for p in t.model.parameters())  # nothing left for step 1
