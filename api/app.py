@@ -55,7 +55,10 @@ log = logging.getLogger("ringtrain.api")
 class NoClusterLauncher:
     """Used when no Ray address is configured: every call explains how to configure one."""
 
-    MESSAGE = "no Ray cluster configured: set RINGTRAIN_RAY_ADDRESS, or use `ringtrain serve` (starts a local head)"
+    MESSAGE = (
+        "no Ray cluster configured: set RINGTRAIN_RAY_ADDRESS, or use `ringtrain serve` "
+        "(starts a local head)"
+    )
     submitted = "driver submitted (submission {sid})"
 
     def submit(self, req: LaunchRequest) -> str:
@@ -243,7 +246,8 @@ def limiter(settings: Settings) -> RateLimiter:
 
 class RingtrainApp(FastAPI):
     def openapi(self) -> dict[str, Any]:
-        """The generated schema, plus the JobSpec request body (JSON or YAML) of the routes that parse it."""
+        """The generated schema, plus the JobSpec request body (JSON or YAML) of the routes that
+        parse it."""
         if self.openapi_schema:
             return self.openapi_schema
         self.openapi_schema = _with_jobspec_bodies(

@@ -1,11 +1,13 @@
-"""The audit trail: one row per authenticated request to a /v1 route that can change something (POST, PUT, PATCH,
-DELETE: create, cancel, and whatever such route comes next), with who (the token's owner), what (action, route,
-job id), when, from where (client address) and how it ended (HTTP status, and `ok` or the error code).
+"""The audit trail: one row per authenticated request to a /v1 route that can change something
+(POST, PUT, PATCH, DELETE: create, cancel, and whatever such route comes next), with who (the
+token's owner), what (action, route, job id), when, from where (client address) and how it ended
+(HTTP status, and `ok` or the error code).
 
-Written by a middleware when the response starts, before the client sees it: a client that reads /v1/audit after
-its request always finds the row, and no route can forget to write one. Not written: requests without a valid
-token and throttled ones (401/429 cost nothing; access logs and the rate-limit counters cover them), the
-drivers' report route (ingest tokens, not people) and routes that only compute (`/v1/plan`).
+Written by a middleware when the response starts, before the client sees it: a client that reads
+/v1/audit after its request always finds the row, and no route can forget to write one. Not written:
+requests without a valid token and throttled ones (401/429 cost nothing; access logs and the
+rate-limit counters cover them), the drivers' report route (ingest tokens, not people) and routes
+that only compute (`/v1/plan`).
 """
 
 from __future__ import annotations

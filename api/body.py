@@ -89,7 +89,8 @@ async def _too_large(send: Send, limit: int) -> None:
 
 
 def parse_spec(body: bytes, content_type: str | None) -> JobSpec:
-    """A JobSpec from a JSON or YAML body; 400 for unparsable input, 422 naming the field otherwise."""
+    """A JobSpec from a JSON or YAML body; 400 for unparsable input, 422 naming the field
+    otherwise."""
     ctype = (content_type or "").split(";")[0].strip().lower()
     try:
         text = body.decode("utf-8")
@@ -139,8 +140,8 @@ def check_data_path(spec: JobSpec, roots: list[Path]) -> None:
 
 def check_path_in_roots(path: str, roots: list[Path], field: str) -> Path:
     """`path` resolved (symlinks included), refused unless inside one of the allowed data roots."""
-    # expanduser raises RuntimeError for an unknown ~user; resolve raises ValueError for a NUL byte and
-    # OSError/RuntimeError for a symlink loop: all are the caller's bad path, not a server error
+    # expanduser raises RuntimeError for an unknown ~user; resolve raises ValueError for a NUL byte
+    # and OSError/RuntimeError for a symlink loop: all are the caller's bad path, not a server error
     try:
         resolved = Path(path).expanduser().resolve()
     except (OSError, RuntimeError, ValueError) as e:
@@ -149,7 +150,8 @@ def check_path_in_roots(path: str, roots: list[Path], field: str) -> Path:
         allowed = ", ".join(str(r) for r in roots)
         raise ApiError(
             422,
-            f"{field} {resolved} is outside the allowed data roots ({allowed}); set RINGTRAIN_DATA_ROOTS to allow it",
+            f"{field} {resolved} is outside the allowed data roots ({allowed}); "
+            "set RINGTRAIN_DATA_ROOTS to allow it",
             field=field,
         )
     return resolved

@@ -2,9 +2,9 @@
 
     from api.client import Client
 
-    c = Client()                                  # RINGTRAIN_URL / RINGTRAIN_TOKEN / ~/.ringtrain/token
-    job = c.submit("examples/passkey.yaml")       # path, YAML/JSON text, dict or JobSpec
-    for ev in c.events(job.id):                   # replays, then follows live; resumes after a disconnect
+    c = Client()                             # RINGTRAIN_URL / RINGTRAIN_TOKEN / ~/.ringtrain/token
+    job = c.submit("examples/passkey.yaml")  # path, YAML/JSON text, dict or JobSpec
+    for ev in c.events(job.id):              # replays, then live; resumes after a disconnect
         if ev.event == "metric" and ev.data["name"] == "loss":
             print(ev.data["step"], ev.data["value"])
     print(c.get_job(job.id).state)
@@ -62,7 +62,8 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class JobEvent:
-    """One SSE message: `event` is state, metric, log or end; `id` is the event seq (None for end)."""
+    """One SSE message: `event` is state, metric, log or end; `id` is the event seq (None for
+    end)."""
 
     event: str
     id: int | None
@@ -222,7 +223,8 @@ class Client:
         )
 
     def artifacts(self, job_id: str) -> ArtifactList:
-        """The job's exported model files (name, size, SHA-256); ApiError 404 until the job has exported one."""
+        """The job's exported model files (name, size, SHA-256); ApiError 404 until the job has
+        exported one."""
         from api.routers.artifacts import ArtifactList
 
         return ArtifactList.model_validate(self._get(f"/v1/jobs/{job_id}/artifacts"))
@@ -230,7 +232,8 @@ class Client:
     def pull(
         self, job_id: str, dest: str | Path, progress: Callable[[str, int, int], None] | None = None
     ) -> list[Path]:
-        """Download the exported model into `dest`, every file checked against its SHA-256 (`api.pull`)."""
+        """Download the exported model into `dest`, every file checked against its SHA-256
+        (`api.pull`)."""
         from api.pull import pull
 
         return pull(self.http, self.artifacts(job_id), dest, self._check, progress)
@@ -274,9 +277,10 @@ class Client:
     ) -> Iterator[JobEvent]:
         """The job's events, replayed then live, until the job ends (`end` is yielded last).
 
-        A dropped connection is resumed from the last seen id (`Last-Event-ID`), so nothing is lost or
-        repeated. A connection that ends before delivering an event is a failure: up to `max_retries` of them in
-        a row are retried with exponential back-off; one that delivered events reconnects at once.
+        A dropped connection is resumed from the last seen id (`Last-Event-ID`), so nothing is lost
+        or repeated. A connection that ends before delivering an event is a failure: up to
+        `max_retries` of them in a row are retried with exponential back-off; one that delivered
+        events reconnects at once.
         """
         last = after
         retrying = Retrying(
@@ -317,7 +321,8 @@ class Client:
     def _event_stream(
         self, job_id: str, after: int | None, read_timeout: float
     ) -> Generator[JobEvent]:
-        """One connection's events (httpx-sse does the framing); raises _StreamLost if it ends before `end`."""
+        """One connection's events (httpx-sse does the framing); raises _StreamLost if it ends
+        before `end`."""
         headers = {} if after is None else {"Last-Event-ID": str(after)}
         timeout = httpx.Timeout(10.0, read=read_timeout)
         try:
@@ -342,7 +347,8 @@ class _StreamLost(Exception):
 
 
 def job_event(sse: ServerSentEvent) -> JobEvent:
-    """A JobEvent from one SSE message; `end` carries no id of its own (httpx-sse repeats the last one seen)."""
+    """A JobEvent from one SSE message; `end` carries no id of its own (httpx-sse repeats the last
+    one seen)."""
     try:
         data = json.loads(sse.data)
     except ValueError:
@@ -352,7 +358,8 @@ def job_event(sse: ServerSentEvent) -> JobEvent:
 
 
 def parse_sse(lines: Iterable[str]) -> Iterator[JobEvent]:
-    """JobEvents from raw SSE lines (e.g. `response.iter_lines()`), decoded by httpx-sse's decoder."""
+    """JobEvents from raw SSE lines (e.g. `response.iter_lines()`), decoded by httpx-sse's
+    decoder."""
     decoder = SSEDecoder()
     for line in lines:
         sse = decoder.decode(line.rstrip("\r\n"))

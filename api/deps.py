@@ -1,10 +1,10 @@
 """Shared request dependencies: the application context, authentication and rate limits.
 
 User routes take `Authorization: Bearer <API token>` → owner (constant-time compare against every
-configured token; a configured `sha256:<hex>` entry is compared with the presented token's digest). The
-report route takes the job's ingest token instead; neither kind works on the other's routes. Tokens are
-never logged. Each authenticated request takes one unit of its token's rate limit; a request without a
-valid token takes one of its client address's (`api.ratelimit`).
+configured token; a configured `sha256:<hex>` entry is compared with the presented token's digest).
+The report route takes the job's ingest token instead; neither kind works on the other's routes.
+Tokens are never logged. Each authenticated request takes one unit of its token's rate limit; a
+request without a valid token takes one of its client address's (`api.ratelimit`).
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ _UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
 
 
 def owner_of(tokens: dict[str, str], presented: str) -> str | None:
-    """The owner of the presented token. A hashed entry matches the presented token's SHA-256, never the
-    presented text itself: someone who read `sha256:<hex>` from the configuration cannot log in with it."""
+    """The owner of the presented token. A hashed entry matches the presented token's SHA-256, never
+    the presented text itself: someone who read `sha256:<hex>` from the configuration cannot log in
+    with it."""
     raw = presented.encode()
     hashed = (HASHED_PREFIX + hashlib.sha256(raw).hexdigest()).encode()
     found = None

@@ -1,9 +1,10 @@
 """One error shape for every 4xx/5xx answer:
 
-    {"error": {"code": "validation_error", "message": "…", "field": "data.seq_len" | null, "details": [...]}}
+    {"error": {"code": "validation_error", "message": "…", "field": "data.seq_len" | null,
+               "details": [...]}}
 
-`field` is the dotted path of the offending input (body fields without a "body." prefix; query and path
-parameters by name). `details` lists every problem when there are several.
+`field` is the dotted path of the offending input (body fields without a "body." prefix; query and
+path parameters by name). `details` lists every problem when there are several.
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # our routes answer with ApiError; a Starlette 404 is the router's (or StaticFiles') "no such path"
+        # our routes answer with ApiError; a Starlette 404 is the router's (or StaticFiles')
+        # "no such path"
         if exc.status_code == 404:
             msg = "no such endpoint; see /docs for the API"
         else:

@@ -1,10 +1,10 @@
 """Download a job's exported model: every listed file, checked against its SHA-256, or nothing.
 
-Each file streams into `<name>.part` beside its final place while its hash is computed; an interrupted
-download resumes from the part already there with an HTTP Range request. A file whose bytes do not hash to
-the listed SHA-256 is deleted and the pull fails (`ChecksumMismatch`): a corrupted file never takes the
-final name. Files already present with the right hash are not downloaded again. Names from the server are
-checked too: none may leave the destination directory.
+Each file streams into `<name>.part` beside its final place while its hash is computed; an
+interrupted download resumes from the part already there with an HTTP Range request. A file whose
+bytes do not hash to the listed SHA-256 is deleted and the pull fails (`ChecksumMismatch`): a
+corrupted file never takes the final name. Files already present with the right hash are not
+downloaded again. Names from the server are checked too: none may leave the destination directory.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def pull(
     check: Check,
     progress: Progress | None = None,
 ) -> list[Path]:
-    """Every file of `listing` under `dest`, verified; raises ChecksumMismatch on the first bad file."""
+    """Every file of `listing` under `dest`, verified; raises ChecksumMismatch on the first bad
+    file."""
     root = Path(dest).expanduser()
     for art in listing.files:
         local_path(root, art.name)  # refuse a bad name before writing anything

@@ -1,10 +1,11 @@
-"""Per-key token buckets: per API token on the user routes, per job on the report route, per client address for
-requests without a valid token.
+"""Per-key token buckets: per API token on the user routes, per job on the report route, per client
+address for requests without a valid token.
 
-One small bucket rather than a library: the limits live in one process (the control plane runs one replica), the
-keys are few, and refilling on read needs no timer. A bucket holds `burst` tokens, refills at `rate` per second and
-each request takes one; an empty bucket answers how long until the next token (→ 429 with `Retry-After`).
-Idle buckets are full buckets, which are the same as no bucket, so they are dropped when the table grows.
+One small bucket rather than a library: the limits live in one process (the control plane runs one
+replica), the keys are few, and refilling on read needs no timer. A bucket holds `burst` tokens,
+refills at `rate` per second and each request takes one; an empty bucket answers how long until the
+next token (→ 429 with `Retry-After`). Idle buckets are full buckets, which are the same as no
+bucket, so they are dropped when the table grows.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class _Bucket:
 
 
 class RateLimiter:
-    """Buckets by (kind, key). `take` returns 0.0 when the request may pass, else the seconds to wait."""
+    """Buckets by (kind, key). `take` returns 0.0 when the request may pass, else the seconds to
+    wait."""
 
     def __init__(
         self,
@@ -72,8 +74,9 @@ class RateLimiter:
             return (1.0 - b.tokens) / limit.rate
 
     def _prune(self, now: float) -> None:
-        """Drop buckets that have refilled (they equal a fresh one); then, if still too many, the least recent, down to
-        90 % of `max_keys`, so the next scan is a tenth of `max_keys` new keys away."""
+        """Drop buckets that have refilled (they equal a fresh one); then, if still too many, the
+        least recent, down to 90 % of `max_keys`, so the next scan is a tenth of `max_keys` new keys
+        away."""
         for k, b in list(self._buckets.items()):
             lim = self.limits[k[0]]
             if b.tokens + (now - b.stamp) * lim.rate >= lim.burst:
@@ -83,5 +86,6 @@ class RateLimiter:
 
 
 def retry_after(wait_s: float) -> str:
-    """`Retry-After` in whole seconds, never 0 (a client that retries at once would only be refused again)."""
+    """`Retry-After` in whole seconds, never 0 (a client that retries at once would only be refused
+    again)."""
     return str(max(1, math.ceil(wait_s)))

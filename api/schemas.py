@@ -1,10 +1,11 @@
-"""API response schemas, derived from the storage rows (`service.models`) and the service's dataclasses.
+"""API response schemas, derived from the storage rows (`service.models`) and the service's
+dataclasses.
 
-Models that describe a stored row validate straight from it (`from_attributes`), so a field is named once in
-each layer and nothing copies it across by hand; the planner's and launcher's dataclasses, and the wire schema
-a driver reports placements in (`RankPlacement`), are used as they are. Fields whose API name differs from the
-column (`from`/`to`, `metadata`, `latest_metrics`) say so with aliases, which also accept the API name: the
-Python client validates the same models from JSON.
+Models that describe a stored row validate straight from it (`from_attributes`), so a field is named
+once in each layer and nothing copies it across by hand; the planner's and launcher's dataclasses,
+and the wire schema a driver reports placements in (`RankPlacement`), are used as they are. Fields
+whose API name differs from the column (`from`/`to`, `metadata`, `latest_metrics`) say so with
+aliases, which also accept the API name: the Python client validates the same models from JSON.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from workers.protocol import JobState, RankPlacement
 
 
 def _from_unix(t: object) -> object:
-    """Stored times are unix seconds; the API shows them as UTC datetimes (ISO text from JSON passes through)."""
+    """Stored times are unix seconds; the API shows them as UTC datetimes (ISO text from JSON passes
+    through)."""
     return datetime.fromtimestamp(t, tz=UTC) if isinstance(t, int | float) else t
 
 
@@ -122,7 +124,8 @@ class JobOut(_FromRow):
     )
     queue_position: int | None = Field(
         None,
-        description="place in the admission queue (1 = next to start); null unless the job is waiting QUEUED",
+        description="place in the admission queue (1 = next to start); "
+        "null unless the job is waiting QUEUED",
     )
     queue_reason: str | None = Field(
         None, description="why the job waits (capacity, quota, …); null unless waiting"
@@ -145,7 +148,8 @@ class JobOut(_FromRow):
 
     @classmethod
     def of(cls, job: Job, transitions: Sequence[Transition] | None = None) -> JobOut:
-        """The job row, with `transitions` (rows) when given; the row itself has no relationship to load them."""
+        """The job row, with `transitions` (rows) when given; the row itself has no relationship to
+        load them."""
         out = cls.model_validate(job)
         if transitions is not None:
             out.transitions = [TransitionOut.model_validate(t) for t in transitions]

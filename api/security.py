@@ -1,10 +1,10 @@
 """Browser hardening headers on every response.
 
-The dashboard is plain files from /static (no inline script or style; the JS sets styles through the CSSOM,
-which CSP allows), so one strict policy fits it and the JSON API alike: everything from this origin only, no
-plugins, no <base>, and no framing (clickjacking). FastAPI's /docs and /redoc pages load Swagger UI / ReDoc
-from a CDN with an inline bootstrap script; they keep everything but the CSP's source lists (framing is still
-refused), because a strict policy would only break them.
+The dashboard is plain files from /static (no inline script or style; the JS sets styles through the
+CSSOM, which CSP allows), so one strict policy fits it and the JSON API alike: everything from this
+origin only, no plugins, no <base>, and no framing (clickjacking). FastAPI's /docs and /redoc pages
+load Swagger UI / ReDoc from a CDN with an inline bootstrap script; they keep everything but the
+CSP's source lists (framing is still refused), because a strict policy would only break them.
 """
 
 from __future__ import annotations

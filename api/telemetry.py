@@ -1,4 +1,5 @@
-"""Prometheus metrics (one registry per app) and structured (JSON-lines) request logs. No tokens logged."""
+"""Prometheus metrics (one registry per app) and structured (JSON-lines) request logs. No tokens
+logged."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class _JsonLinesHandler(logging.StreamHandler[TextIO]):
-    """Our handler on the `ringtrain` logger: its class marks it, so a second app in one process adds no other."""
+    """Our handler on the `ringtrain` logger: its class marks it, so a second app in one process
+    adds no other."""
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -125,7 +127,8 @@ class Telemetry:
         )
         self.throttled = Counter(
             "ringtrain_rate_limited_requests",
-            "requests refused with 429 by kind of limit (api: per token, report: per job, unauth: per address)",
+            "requests refused with 429 by kind of limit "
+            "(api: per token, report: per job, unauth: per address)",
             ["kind"],
             registry=self.registry,
         )

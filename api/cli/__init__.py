@@ -1,9 +1,9 @@
 """The `ringtrain` command line: serve, demo, db upgrade, submit, list, status, cancel, logs, plan,
 pull, data prepare.
 
-Human output by default, `--json` for scripts. The server is `--url` / `RINGTRAIN_URL`
-(default http://127.0.0.1:8000); the token is `--token` / `RINGTRAIN_TOKEN` / `~/.ringtrain/token`.
-Exit status: 0 ok, 1 the server said no (or the followed job did not succeed), 2 usage, 3 unreachable.
+Human output by default, `--json` for scripts. The server is `--url` / `RINGTRAIN_URL` (default
+http://127.0.0.1:8000); the token is `--token` / `RINGTRAIN_TOKEN` / `~/.ringtrain/token`. Exit
+status: 0 ok, 1 the server said no (or the followed job did not succeed), 2 usage, 3 unreachable.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.message}{where}", file=sys.stderr)
         if e.status == 401:
             print(
-                "hint: pass --token, set RINGTRAIN_TOKEN, or use the token `ringtrain serve` saved in "
-                "~/.ringtrain/token",
+                "hint: pass --token, set RINGTRAIN_TOKEN, or use the token `ringtrain serve` "
+                "saved in ~/.ringtrain/token",
                 file=sys.stderr,
             )
         elif e.status == 404:
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except httpx.TransportError as e:
         url = resolve_url(getattr(args, "url", None))
         print(
-            f"error: cannot reach ringtrain at {url} ({type(e).__name__}). Is `ringtrain serve` running? "
-            "Point to it with --url or RINGTRAIN_URL.",
+            f"error: cannot reach ringtrain at {url} ({type(e).__name__}). "
+            "Is `ringtrain serve` running? Point to it with --url or RINGTRAIN_URL.",
             file=sys.stderr,
         )
         return 3

@@ -11,7 +11,8 @@ from workers import prepare_args
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
-    """Tokenize a corpus once into a prepared dataset (`workers.data.prepare`), here, with a progress bar.
+    """Tokenize a corpus once into a prepared dataset (`workers.data.prepare`), here, with a
+    progress bar.
 
     Runs on the Ray cluster named by --ray-address (a local Ray otherwise), like
     `python -m workers.data.prepare`; no ringtrain server is needed.
@@ -52,8 +53,8 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         args,
         summary,
         lambda: con.print(
-            f"[green]dataset {summary['id']}: {summary['documents']:,} documents, {summary['tokens']:,} tokens "
-            f"in {summary['path']}[/green]\n"
+            f"[green]dataset {summary['id']}: {summary['documents']:,} documents, "
+            f"{summary['tokens']:,} tokens in {summary['path']}[/green]\n"
             f"data: {{kind: tokens, path: {summary['path']}, seq_len: 4096, pack: documents}}"
         ),
     )

@@ -132,7 +132,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 print(_fmt_job_line(j, view))
             if page.total > page.offset + len(page.jobs):
                 print(
-                    f"... {page.total} jobs in all; see more with --offset {page.offset + len(page.jobs)}"
+                    f"... {page.total} jobs in all; "
+                    f"see more with --offset {page.offset + len(page.jobs)}"
                 )
 
         out(args, page, human)
@@ -187,12 +188,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             if j.queue_position is not None:
                 print(f"  queue     position {j.queue_position}: {j.queue_reason or 'waiting'}")
             print(
-                f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   priority {j.priority}"
+                f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   "
+                f"priority {j.priority}"
             )
             for line in shape_lines(j.spec):
                 print(line)
             print(
-                f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   updated {j.updated_at:%H:%M:%S}"
+                f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   "
+                f"updated {j.updated_at:%H:%M:%S}"
             )
             print(f"  verified  {verification_line(j)}")
             for line in MetricCatalogView.fetch(c).status_lines(j.latest_metrics):
@@ -204,7 +207,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("  history")
             for t in j.transitions or []:
                 print(
-                    f"    {time.strftime('%H:%M:%S', time.gmtime(t.time))}  {t.to_state.value:<10} {t.reason}"
+                    f"    {time.strftime('%H:%M:%S', time.gmtime(t.time))}  "
+                    f"{t.to_state.value:<10} {t.reason}"
                 )
 
         out(args, j, human)
@@ -225,7 +229,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         def human() -> None:
             for line in page.lines:
                 print(
-                    f"{time.strftime('%H:%M:%S', time.gmtime(line.time))} [{line.source}] {line.line}"
+                    f"{time.strftime('%H:%M:%S', time.gmtime(line.time))} "
+                    f"[{line.source}] {line.line}"
                 )
             if page.driver_log:
                 print("---- Ray driver log (tail) ----")
@@ -255,12 +260,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     f"({f.budget_source})"
                 )
             print(
-                f"spec {p.spec['name']}: {'OK' if p.valid else 'CANNOT RUN'}; {p.world_size} rank(s) on "
-                f"{p.accelerator}, bundle {p.bundle}, strategy {p.strategy}"
+                f"spec {p.spec['name']}: {'OK' if p.valid else 'CANNOT RUN'}; "
+                f"{p.world_size} rank(s) on {p.accelerator}, "
+                f"bundle {p.bundle}, strategy {p.strategy}"
             )
             if p.placement:
                 print(
-                    f"placement: {p.nodes_used} node(s), {p.node_crossings} ring edge(s) cross nodes"
+                    f"placement: {p.nodes_used} node(s), "
+                    f"{p.node_crossings} ring edge(s) cross nodes"
                 )
                 for s in p.placement:
                     print(f"  rank {s.rank:<4} ring {s.ring:<3} {s.node_id[:20]:<20} {s.device}")
@@ -280,7 +287,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    """Download a job's exported model with a progress bar; every file is checked against its SHA-256."""
+    """Download a job's exported model with a progress bar; every file is checked against its
+    SHA-256."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from api.pull import ChecksumMismatch
@@ -309,7 +317,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
             args,
             [str(p) for p in paths],
             lambda: con.print(
-                f"[green]{len(paths)} files ({listing.total_bytes:,} bytes) verified in {dest}[/green]\n"
+                f"[green]{len(paths)} files ({listing.total_bytes:,} bytes) "
+                f"verified in {dest}[/green]\n"
                 f'AutoModelForCausalLM.from_pretrained("{dest}")'
             ),
         )

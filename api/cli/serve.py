@@ -50,8 +50,9 @@ def _run_server(settings: Settings, on_ready: Callable[[Settings], None] | None 
     head = None
     launcher = None
     con = console()
-    # SIGTERM (systemd, Docker, Kubernetes) ends like Ctrl-C: uvicorn shuts down, then re-raises the signal it
-    # caught; with this handler that is an exception, so the `finally` below still stops the local Ray head.
+    # SIGTERM (systemd, Docker, Kubernetes) ends like Ctrl-C: uvicorn shuts down, then re-raises the
+    # signal it caught; with this handler that is an exception, so the `finally` below still stops
+    # the local Ray head.
     signal.signal(signal.SIGTERM, _terminated)
     try:
         if not settings.ray_address and not settings.kuberay_rayjob_template:
@@ -134,7 +135,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         con.print(f"  dashboard: [bold]{url}/[/bold]  (job {job.id})")
         con.print(f"  token:     {token}")
         con.print(
-            f"  watch:     RINGTRAIN_URL={url} ringtrain status {job.id}   (or ringtrain logs {job.id})\n",
+            f"  watch:     RINGTRAIN_URL={url} ringtrain status {job.id}   "
+            f"(or ringtrain logs {job.id})\n",
             soft_wrap=True,
         )
         # The request log would bury the progress bar; warnings and errors still show.

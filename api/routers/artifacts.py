@@ -1,12 +1,13 @@
 """/v1/jobs/{id}/artifacts: the exported model's files (name, size, SHA-256) and their download.
 
-Downloads stream from disk (Starlette's FileResponse: HTTP Range requests answer 206, unsatisfiable ones
-416), so a resumed or parallel download of a multi-GB weight file works with curl, wget or the CLI.
+Downloads stream from disk (Starlette's FileResponse: HTTP Range requests answer 206, unsatisfiable
+ones 416), so a resumed or parallel download of a multi-GB weight file works with curl, wget or the
+CLI.
 
-Auth is the owner's bearer token, as everywhere (another owner's job is 404). A browser link cannot send
-that header, so each listed file also carries a `url` signed for this file only (HMAC-SHA256 over job, path
-and expiry with a key that lives in this process), valid for `LINK_TTL_S`: the listing, which only the
-owner can read, is what hands it out.
+Auth is the owner's bearer token, as everywhere (another owner's job is 404). A browser link cannot
+send that header, so each listed file also carries a `url` signed for this file only (HMAC-SHA256
+over job, path and expiry with a key that lives in this process), valid for `LINK_TTL_S`: the
+listing, which only the owner can read, is what hands it out.
 """
 
 from __future__ import annotations
@@ -93,14 +94,16 @@ def _download_owner(
     request: Request,
     ctx: Ctx,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-    # Plain strings, checked here: a malformed signed link is an invalid credential (401), never a 422.
+    # Plain strings, checked here: a malformed signed link is an invalid credential
+    # (401), never a 422.
     expires: Annotated[
         str | None, Query(description="expiry of a signed link (unix seconds)")
     ] = None,
     sig: Annotated[str | None, Query(description="signature of a signed link")] = None,
 ) -> str | None:
-    """Who downloads: the owner's token, or None for a valid signed link. A dependency, so that like every secured
-    route it answers 401 before the path is validated (a bad job id without credentials is still a 401)."""
+    """Who downloads: the owner's token, or None for a valid signed link. A dependency, so that like
+    every secured route it answers 401 before the path is validated (a bad job id without
+    credentials is still a 401)."""
     if sig is None or expires is None:
         return current_owner(request=request, ctx=ctx, creds=creds)
     job_id, path = request.path_params.get("job_id", ""), request.path_params.get("path", "")
@@ -125,7 +128,8 @@ def _download_owner(
 async def download_artifact(
     job_id: JobId, path: str, ctx: Ctx, owner: Annotated[str | None, Depends(_download_owner)]
 ) -> FileResponse:
-    """One file of the exported model, streamed (HTTP Range supported). Owner's token or a signed link."""
+    """One file of the exported model, streamed (HTTP Range supported). Owner's token or a signed
+    link."""
     if owner is None:  # a signed link names its job and file itself
         job = await asyncio.to_thread(ctx.store.jobs.get, job_id)
     else:

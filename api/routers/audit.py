@@ -1,8 +1,8 @@
 """GET /v1/audit — the audit trail (see `api.audit`), newest first.
 
-Owner-scoped: each owner reads the rows of their own requests (for one job with `job_id=`, which the dashboard's
-job page shows in its timeline). Owners named in `RINGTRAIN_AUDIT_READERS` (default: `admin`, the generated
-token's owner) read every owner's rows, or one owner's with `owner=`.
+Owner-scoped: each owner reads the rows of their own requests (for one job with `job_id=`, which the
+dashboard's job page shows in its timeline). Owners named in `RINGTRAIN_AUDIT_READERS` (default:
+`admin`, the generated token's owner) read every owner's rows, or one owner's with `owner=`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ async def audit(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> AuditPage:
-    """Who created or cancelled what, when, from where, and the outcome — your own requests, newest first."""
+    """Who created or cancelled what, when, from where, and the outcome — your own requests,
+    newest first."""
     reader = me in ctx.settings.audit_readers
     if owner is not None and owner != me and not reader:
         raise ApiError(

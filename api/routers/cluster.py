@@ -112,7 +112,8 @@ async def get_cluster(ctx: Ctx, owner: Owner) -> ClusterOut:
     except Exception as e:
         raise ApiError(
             503,
-            f"the Ray cluster is unreachable ({type(e).__name__}: {e}); check RINGTRAIN_RAY_ADDRESS",
+            f"the Ray cluster is unreachable ({type(e).__name__}: {e}); "
+            "check RINGTRAIN_RAY_ADDRESS",
             code="ray_unavailable",
         ) from e
     alive = [n for n in c.nodes if n.alive]

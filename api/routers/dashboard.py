@@ -1,9 +1,9 @@
 """GET /v1/jobs/{id}/series — the dashboard's initial load of a job, downsampled on the server.
 
 One consistent snapshot at event seq `last_seq`: the job (with its transitions), every metric series
-(one per name and rank) with at most `max_points` points each, and the last `logs` log lines. The page
-then follows `GET /v1/jobs/{id}/events?after=<last_seq>` and appends live points, so a job with 100k
-points per series costs a few thousand points on load instead of the whole history.
+(one per name and rank) with at most `max_points` points each, and the last `logs` log lines. The
+page then follows `GET /v1/jobs/{id}/events?after=<last_seq>` and appends live points, so a job with
+100k points per series costs a few thousand points on load instead of the whole history.
 
 Downsampling keeps each bucket's first, minimum, maximum and last point in step order (an M4-style
 decimation): spikes and the envelope of a noisy loss curve survive, the line looks the same at any
@@ -48,7 +48,8 @@ class SeriesSnapshot(BaseModel):
 
 
 def decimate(steps: Any, values: Any, max_points: int) -> tuple[list[int], list[float | None]]:
-    """First/min/max/last of each of max_points // 4 equal-count buckets, in their original order."""
+    """First/min/max/last of each of max_points // 4 equal-count buckets, in their original
+    order."""
     st = np.asarray(steps, dtype=np.int64)
     va = np.asarray(
         [np.nan if v is None else v for v in values] if isinstance(values, list) else values,
@@ -125,5 +126,6 @@ async def job_series(
         int, Query(ge=0, le=5000, description="how many of the last log lines to include")
     ] = 200,
 ) -> SeriesSnapshot:
-    """The job, its metric series downsampled to `max_points` each, and its log tail, as of `last_seq`."""
+    """The job, its metric series downsampled to `max_points` each, and its log tail, as of
+    `last_seq`."""
     return await asyncio.to_thread(snapshot, ctx, job_id, owner, max_points, logs)

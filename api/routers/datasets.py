@@ -1,9 +1,10 @@
 """/v1/datasets: prepare a corpus on the cluster, list prepared datasets, follow one's progress.
 
-A prepare runs as a Ray job (`service.datasets`); its row is refreshed from Ray whenever it is read, and
-`/events` streams the row (Server-Sent Events, one `progress` event per change, a final `done`) until the
-prepare ends. Source, output and tokenizer paths must lie inside the allowed data roots
-(`RINGTRAIN_DATA_ROOTS`), as a job's `data.path` must. Another owner's dataset is a 404, as everywhere.
+A prepare runs as a Ray job (`service.datasets`); its row is refreshed from Ray whenever it is read,
+and `/events` streams the row (Server-Sent Events, one `progress` event per change, a final `done`)
+until the prepare ends. Source, output and tokenizer paths must lie inside the allowed data roots
+(`RINGTRAIN_DATA_ROOTS`), as a job's `data.path` must. Another owner's dataset is a 404, as
+everywhere.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def _not_found(dataset_id: str) -> ApiError:
 async def create_dataset(request: Request, ctx: Ctx, owner: Owner) -> dict[str, Any]:
     """Prepare `source` into `out` on the cluster; follow it with GET /v1/datasets/{id}/events.
 
-    The body is read here, after authentication, so a caller without a token learns nothing from its body."""
+    The body is read here, after authentication, so a caller without a token learns nothing from its
+    body."""
     try:
         data = json.loads(await request.body())
     except (ValueError, RecursionError) as e:
@@ -159,7 +161,8 @@ async def get_dataset(
 async def dataset_events(
     dataset_id: DatasetId, request: Request, ctx: Ctx, owner: Owner
 ) -> StreamingResponse:
-    """Server-Sent Events: `progress` with the dataset each time it changes, then `done` when it ends."""
+    """Server-Sent Events: `progress` with the dataset each time it changes, then `done` when it
+    ends."""
     svc = _service(request, ctx)
     if await asyncio.to_thread(svc.get, dataset_id, owner) is None:
         raise _not_found(dataset_id)

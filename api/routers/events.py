@@ -5,16 +5,18 @@ never reused, shared by state changes, metric points and log lines), `data:` one
 
     event: state
     id: 7
-    data: {"seq":7,"time":1764410000.1,"from":"PLACING","to":"RUNNING","reason":"all 2 ranks placed"}
+    data: {"seq":7,"time":…,"from":"PLACING","to":"RUNNING","reason":"all 2 ranks placed"}
 
-    event: state            (with resume_step — a retry or a resubmitted driver: drop points with step > resume_step)
+    event: state            (with resume_step — a retry or a resubmitted driver: drop points
+                             with step > resume_step)
     id: 80
-    data: {"seq":80,"time":…,"from":"RUNNING","to":"RETRYING","reason":"rank 1 died","resume_step":20}
+    data: {"seq":80,"time":…,"from":"RUNNING","to":"RETRYING","reason":"…","resume_step":20}
 
     event: metric
     id: 8
     data: {"seq":8,"step":1,"name":"loss","value":5.54,"rank":null,"time":1764410001.3}
-          (value is null when it was NaN/inf; rank is set for per-rank metrics such as mem_peak_bytes)
+          (value is null when it was NaN/inf; rank is set for per-rank metrics such as
+          mem_peak_bytes)
 
     event: log
     id: 9
@@ -23,11 +25,12 @@ never reused, shared by state changes, metric points and log lines), `data:` one
     event: end              (no id; the job is terminal and everything up to it was sent — close)
     data: {"state":"SUCCEEDED","last_seq":123}
 
-Heartbeats are SSE comment lines (`: ping …`) every `RINGTRAIN_SSE_PING_S` seconds (15 by default),
-invisible to EventSource. Resume: reconnect with `Last-Event-ID: <last id seen>` (browsers do this by
-themselves) or `?after=<seq>`; the stream replays everything after it from the store, then continues
-live, with no gaps and no repeats. `retry:` is set to 2000 ms on the first message. Seqs of superseded
-metric points are absent from replays (they were deleted), so gaps in `id` are normal.
+Heartbeats are SSE comment lines (`: ping …`) every `RINGTRAIN_SSE_PING_S` seconds (15 by
+default), invisible to EventSource. Resume: reconnect with `Last-Event-ID: <last id seen>` (browsers
+do this by themselves) or `?after=<seq>`; the stream replays everything after it from the store,
+then continues live, with no gaps and no repeats. `retry:` is set to 2000 ms on the first message.
+Seqs of superseded metric points are absent from replays (they were deleted), so gaps in `id` are
+normal.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ async def stream(ctx: AppContext, job_id: str, after: int) -> AsyncIterator[Serv
                     data=json.dumps({"state": job.state, "last_seq": last}), event="end"
                 )
                 return
-            # live: take events from the hub while they follow on; anything else → back to the store
+            # live: take events from the hub while they follow on; anything else → back to the
+            # store
             need_store = False
             while not need_store:
                 sub.wakeup.clear()

@@ -29,9 +29,10 @@ def healthz(ctx: Ctx) -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"description": "the job store is unreachable"}})
 async def readyz(ctx: Ctx) -> JSONResponse:
-    """Ready while the job store answers. Ray's state is reported in the body but does not gate readiness: while the
-    head restarts, the API, the dashboard and the drivers' reports must keep reaching this process (a 503 would take
-    it out of its Service), and jobs wait QUEUED for Ray meanwhile."""
+    """Ready while the job store answers. Ray's state is reported in the body but does not gate
+    readiness: while the head restarts, the API, the dashboard and the drivers' reports must keep
+    reaching this process (a 503 would take it out of its Service), and jobs wait QUEUED for Ray
+    meanwhile."""
     checks: dict[str, str] = {}
     try:
         await asyncio.wait_for(asyncio.to_thread(ctx.store.db.ping), timeout=5)

@@ -45,8 +45,8 @@ SPEC_BODY = {"x-jobspec-body": True}
 
 
 async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo | None:
-    """Reject a job the whole cluster can never hold (a cluster we cannot read is not checked here); returns the
-    cluster as read (None when it could not be)."""
+    """Reject a job the whole cluster can never hold (a cluster we cannot read is not checked here);
+    returns the cluster as read (None when it could not be)."""
     try:
         seen = await ctx.cluster()
     except Exception as e:  # what a launcher raises: Ray down, no cluster configured, a timeout
@@ -72,7 +72,8 @@ def fit_or_422(
     spec: JobSpec, cluster: ClusterInfo, memory_per_rank_gib: float | None, field: str
 ) -> tuple[JobSpec, FitOut]:
     """The spec `fit` chooses (plan --fit, ring_size auto); 422 with the best candidate's shortfall
-    (in `fit`) when nothing fits, or naming the missing budget when the devices' memory is unknown."""
+    (in `fit`) when nothing fits, or naming the missing budget when the devices' memory is
+    unknown."""
     budget = None if memory_per_rank_gib is None else int(memory_per_rank_gib * GIB)
     source = "given" if budget is not None else device_memory(spec, cluster)[1]
     try:
@@ -98,8 +99,8 @@ async def resolve_ring_auto(ctx: AppContext, spec: JobSpec) -> JobSpec:
         why = f"{type(e).__name__}: {str(e)[:300]}"
         raise ApiError(
             422,
-            f"parallel.ring_size auto is resolved against the cluster, which cannot be read ({why}); "
-            "give a ring_size",
+            "parallel.ring_size auto is resolved against the cluster, "
+            f"which cannot be read ({why}); give a ring_size",
             field="parallel.ring_size",
         ) from e
     return fit_or_422(spec, cluster, None, "parallel.ring_size")[0]
@@ -131,7 +132,8 @@ def check_against_quota(
     },
 )
 async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owner) -> JobOut:
-    """Create a job from a spec (JSON, or YAML with `Content-Type: application/yaml`). It starts QUEUED."""
+    """Create a job from a spec (JSON, or YAML with `Content-Type: application/yaml`). It starts
+    QUEUED."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
     check_data_path(spec, ctx.settings.resolved_data_roots())
     if spec.parallel.ring_auto:  # resolved now, against the devices' memory, and stored so

@@ -1,11 +1,11 @@
 """POST /v1/jobs/{id}/report: the driver's batched metric points, state changes and log lines.
 
-Authenticated by the job's ingest token only (a new one per driver attempt). Items with seq ≤ the stored
-high-water mark are ignored (re-sending is safe); new items apply in order in one transaction; a gap answers
-409 with `{"acked_seq": N}` (resend from N + 1); success answers `ReportAck{acked_seq}`. Once the job is
-terminal every report answers 409 `job_ended` (no `acked_seq`) and changes nothing. Rate-limited per job
-(`RINGTRAIN_RATE_REPORT_*`, sized far above a healthy driver's ~5 batches/s); a request whose token fails
-counts against its address instead.
+Authenticated by the job's ingest token only (a new one per driver attempt). Items with seq ≤ the
+stored high-water mark are ignored (re-sending is safe); new items apply in order in one
+transaction; a gap answers 409 with `{"acked_seq": N}` (resend from N + 1); success answers
+`ReportAck{acked_seq}`. Once the job is terminal every report answers 409 `job_ended` (no
+`acked_seq`) and changes nothing. Rate-limited per job (`RINGTRAIN_RATE_REPORT_*`, sized far above a
+healthy driver's ~5 batches/s); a request whose token fails counts against its address instead.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ def _check_ingest(
 class IngestAuthRoute(APIRoute):
     """Checks the ingest token before FastAPI reads and parses the body.
 
-    FastAPI parses a declared body before it solves dependencies, so with the check only in a dependency an
-    anonymous client got 400/422 (not 401) and made the server parse up to `max_report_bytes` of JSON first.
+    FastAPI parses a declared body before it solves dependencies: with the check only in a
+    dependency, an anonymous client would get 400/422 (not 401) and make the server parse up to
+    `max_report_bytes` of JSON first.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -73,7 +74,8 @@ def ingest_auth(
     ctx: Ctx,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> str:
-    """The job id, once its ingest token is verified (by `IngestAuthRoute`, or here when mounted without it)."""
+    """The job id, once its ingest token is verified (by `IngestAuthRoute`, or here when mounted
+    without it)."""
     if getattr(request.state, "ingest_job", None) != job_id:
         _check_ingest(ctx, job_id, creds, client_address(request))
     return job_id
@@ -86,7 +88,8 @@ def ingest_auth(
         400: {"model": ErrorResponse},
         401: {"model": ErrorResponse},
         409: {
-            "description": "sequence gap (body has acked_seq), or the job has ended (code job_ended)"
+            "description": "sequence gap (body has acked_seq), "
+            "or the job has ended (code job_ended)"
         },
         429: {"model": ErrorResponse},
         413: {"model": ErrorResponse},
@@ -101,7 +104,8 @@ def report(job_id: Annotated[str, Depends(ingest_auth)], batch: ReportBatch, ctx
         t.reports.labels("ended").inc()
         raise ApiError(
             409,
-            f"the job has ended ({e.state}): its ingest token no longer reports; nothing was applied",
+            f"the job has ended ({e.state}): its ingest token no longer reports; "
+            "nothing was applied",
             code="job_ended",
             extra={"state": e.state},
         ) from e
@@ -109,7 +113,8 @@ def report(job_id: Annotated[str, Depends(ingest_auth)], batch: ReportBatch, ctx
         t.reports.labels("gap").inc()
         raise ApiError(
             409,
-            f"report sequence gap: the server has everything up to seq {g.acked_seq}; resend from {g.acked_seq + 1}",
+            f"report sequence gap: the server has everything up to seq {g.acked_seq}; "
+            f"resend from {g.acked_seq + 1}",
             code="sequence_gap",
             extra={"acked_seq": g.acked_seq},
         ) from g
@@ -118,7 +123,8 @@ def report(job_id: Annotated[str, Depends(ingest_auth)], batch: ReportBatch, ctx
         t.reports.labels("gap").inc()
         raise ApiError(
             409,
-            f"report sequence gap inside the batch after seq {res.applied_to}; resend from {res.applied_to + 1}",
+            f"report sequence gap inside the batch after seq {res.applied_to}; "
+            f"resend from {res.applied_to + 1}",
             code="sequence_gap",
             extra={"acked_seq": res.applied_to},
         )
