@@ -3,9 +3,9 @@
 Layout of the package (each piece small, after ring-flash-attention's shape): `layouts` (how a
 sequence is split), `plan` (which block each ring step computes — the only place layouts differ),
 `kernels` (block attention with log-sum-exp, one interface, several backends), `merge` (online
-softmax), `comm` (the ring exchange), `varlen` (packed documents as one variable-length kernel call per
-step: flash-attn's varlen kernels on CUDA), `ring` (the autograd function tying them together), `ulysses`
-(Ulysses × ring: all-to-all over heads around the ring).
+softmax), `comm` (the ring exchange), `varlen` (packed documents as one variable-length kernel call
+per step: flash-attn's varlen kernels on CUDA), `ring` (the autograd function tying them together),
+`ulysses` (Ulysses × ring: all-to-all over heads around the ring).
 """
 
 from workers.attention.kernels import attention_backend

@@ -25,7 +25,7 @@ class RingComm:
         self._send: torch.Tensor | None = None
 
     def send_recv(self, send: torch.Tensor) -> None:
-        """Post: send `send` to the next rank, receive a tensor shaped like it from the previous rank."""
+        """Post: send `send` to the next rank, receive one shaped like it from the previous rank."""
         if self._reqs:
             raise RuntimeError("wait() for the pending exchange before posting another")
         send = send.contiguous()

@@ -5,13 +5,16 @@ ever requested for square blocks whose queries and keys share positions, so top-
 alignment of the different kernels never matters. The backward takes the *global* out and lse.
 
 Backends, chosen at run time by device, dtype and head_dim (override: RINGTRAIN_ATTN_BACKEND):
-- ``flash_attn``: flash-attn 2 kernels (CUDA, fp16/bf16), when `flash_attn.flash_attn_interface` imports;
-- ``torch_cuda_flash``: torch's CUDA flash-attention ops (fp16/bf16), GQA by expanding heads in-kernel;
-- ``torch_cpu_flash``: torch's CPU flash-attention op and its backward (any float dtype, GQA native);
-- ``torch_math``: exact matmul + logsumexp reference, any device/dtype: fp32 on CUDA, and the fallback
-  where flash kernels do not run (head_dim > 256, compute capability < 8.0).
-The CUDA flash wrappers pad head_dim to a multiple of 8 with zeros (exact: the scale is explicit, zero
-columns add nothing to q·k and produce zero output columns that are sliced off).
+- ``flash_attn``: flash-attn 2 kernels (CUDA, fp16/bf16), when
+  `flash_attn.flash_attn_interface` imports;
+- ``torch_cuda_flash``: torch's CUDA flash-attention ops (fp16/bf16), GQA by expanding heads
+  in-kernel;
+- ``torch_cpu_flash``: torch's CPU flash-attention op and its backward (any float dtype, GQA
+  native);
+- ``torch_math``: exact matmul + logsumexp reference, any device/dtype: fp32 on CUDA, and the
+  fallback where flash kernels do not run (head_dim > 256, compute capability < 8.0).
+The CUDA flash wrappers pad head_dim to a multiple of 8 with zeros (exact: the scale is explicit,
+zero columns add nothing to q·k and produce zero output columns that are sliced off).
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
 
 @dataclass(frozen=True)
 class TorchMath:
-    """Reference kernel: scores in fp32 (fp64 for fp64), explicit softmax backward from the global lse."""
+    """Reference kernel: scores in fp32 (fp64 for fp64), explicit softmax backward from the global
+    lse."""
 
     name: str = "torch_math"
 
@@ -157,14 +161,15 @@ FLASH_MAX_HEAD_DIM = 256
 
 
 def _pad8(x: torch.Tensor) -> torch.Tensor:
-    """Zero-pad the last dim to a multiple of 8 (flash kernels' requirement); contiguous either way."""
+    """Zero-pad the last dim to a multiple of 8 (for the flash kernels); contiguous either way."""
     d = x.shape[-1]
     return F.pad(x, (0, -d % 8)).contiguous() if d % 8 else x.contiguous()
 
 
 @dataclass(frozen=True)
 class TorchCudaFlash:
-    """torch's own CUDA flash kernels (fp16/bf16). They lack GQA, so heads are expanded inside the block only."""
+    """torch's own CUDA flash kernels (fp16/bf16). They lack GQA, so heads are expanded inside the
+    block only."""
 
     name: str = "torch_cuda_flash"
 
@@ -183,8 +188,9 @@ class TorchCudaFlash:
 
     def backward(self, dout, q, k, v, out, lse, causal, scale):
         h, hk, d = q.shape[2], k.shape[2], q.shape[3]
-        # Dense blocks: cum_seq_q/k must be None (a defined tensor, even empty, selects the varlen path);
-        # philox seed/offset are CPU int64 scalars, as the forward itself returns them without dropout.
+        # Dense blocks: cum_seq_q/k must be None (a defined tensor, even empty, selects the varlen
+        # path); philox seed/offset are CPU int64 scalars, as the forward itself returns them
+        # without dropout.
         no_rng = torch.empty((), dtype=torch.int64)
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
             _bhsd(_pad8(dout)),
@@ -212,11 +218,12 @@ FlashApi = tuple[Callable[..., Any], Callable[..., Any], bool]
 
 @functools.cache
 def _flash_attn_api(kind: str = "") -> FlashApi | None:
-    """(forward, backward, split_window) of flash-attn 2's private kernels, or None; `kind` "varlen" for the
-    variable-length ones. Probed once: `flash_attn` alone may be a namespace package without FA2 (flash-attn-4
-    ships only `flash_attn.cute`), so import the interface itself. flash-attn >= 2.7 takes
-    window_size_left/right and its forward returns (out, lse, S, rng); 2.6 takes one window_size tuple and
-    returns 8 values (lse at index 5). Both are supported (pyproject floor: 2.6)."""
+    """(forward, backward, split_window) of flash-attn 2's private kernels, or None; `kind` "varlen"
+    for the variable-length ones. Probed once: `flash_attn` alone may be a namespace package without
+    FA2 (flash-attn-4 ships only `flash_attn.cute`), so import the interface itself.
+    flash-attn >= 2.7 takes window_size_left/right and its forward returns (out, lse, S, rng); 2.6
+    takes one window_size tuple and returns 8 values (lse at index 5). Both are supported (pyproject
+    floor: 2.6)."""
     name = f"_flash_attn{'_' + kind if kind else ''}"
     try:
         import flash_attn.flash_attn_interface as fa
@@ -341,5 +348,6 @@ def attention_backend(
     dtype: torch.dtype = torch.float32,
     head_dim: int | None = None,
 ) -> str:
-    """Name of the block kernel ring attention uses on this device/dtype/head_dim (reported in job metadata)."""
+    """Name of the block kernel ring attention uses on this device/dtype/head_dim (reported in job
+    metadata)."""
     return select_kernel(torch.device(device), dtype, head_dim).name

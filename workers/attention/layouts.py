@@ -29,7 +29,8 @@ def shard_positions(seq_len: int, layout: str, rank: int, world: int) -> torch.T
     multiple = seq_multiple(layout, world)
     if seq_len % multiple:
         raise ValueError(
-            f"sequence length {seq_len} is not divisible by {multiple} ({layout} layout, {world} ranks)"
+            f"sequence length {seq_len} is not divisible by {multiple} "
+            f"({layout} layout, {world} ranks)"
         )
     if layout == "contiguous":
         n = seq_len // world

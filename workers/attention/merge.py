@@ -3,9 +3,9 @@
 (out_a, lse_a) and (out_b, lse_b) are attention of the same queries over two disjoint key sets.
 Their union is  lse = log(e^lse_a + e^lse_b)  and  out = w_a·out_a + w_b·out_b  with
 w_b = sigmoid(lse_b - lse_a). Written with sigmoid/logaddexp so it never overflows, however far
-apart the two log-sum-exps are. The running side may be empty (out = 0, lse = −inf: rows no block has
-reached yet, as with packed documents); the block side must be finite: never merge a fully-masked block
-(CPU kernels report lse = 0 for rows without a visible key, not −inf).
+apart the two log-sum-exps are. The running side may be empty (out = 0, lse = −inf: rows no block
+has reached yet, as with packed documents); the block side must be finite: never merge a
+fully-masked block (CPU kernels report lse = 0 for rows without a visible key, not −inf).
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
 """Which parts of each ring step's (local queries × visiting keys) block the mask leaves visible.
 
 This is the only place the layouts differ. At step s rank r holds the K/V of rank j = (r - s) mod W.
-A step yields zero or more blocks, each (query slice, key slice, causal[, batch rows]) where `causal` is
-only set for square blocks whose key j is visible to query i exactly when j <= i (so the top-left vs
-bottom-right alignment of the kernels never matters). Entirely masked parts are never returned: a block
-the mask removes is skipped, never merged.
+A step yields zero or more blocks, each (query slice, key slice, causal[, batch rows]) where
+`causal` is only set for square blocks whose key j is visible to query i exactly when j <= i (so the
+top-left vs bottom-right alignment of the kernels never matters). Entirely masked parts are never
+returned: a block the mask removes is skipped, never merged.
 
 Without documents a step is one dense block (`block_for_step`). With packed documents (`Documents`)
 that dense block is refined: every local position belongs to one document, documents are contiguous
-runs of a shard (each layout's positions ascend), so a document's queries and keys inside a block are
-index ranges, and the visible pairs split into at most three kernel-friendly pieces per document.
+runs of a shard (each layout's positions ascend), so a document's queries and keys inside a block
+are index ranges, and the visible pairs split into at most three kernel-friendly pieces per
+document.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def block_for_step(layout: str, causal: bool, rank: int, src: int, n: int) -> Bl
 
 @dataclass(frozen=True)
 class Documents:
-    """Packed documents: for each run of batch rows [first, stop) that share them, the global boundaries
-    [0, …, S]. Plain ints and tuples, so a plan can be cached by it."""
+    """Packed documents: for each run of batch rows [first, stop) that share them, the global
+    boundaries [0, …, S]. Plain ints and tuples, so a plan can be cached by it."""
 
     groups: tuple[tuple[int, int, tuple[int, ...]], ...]
 
@@ -128,7 +129,8 @@ def _rows(first: int, stop: int, docs: Documents) -> slice:
 def ring_plan(
     layout: str, causal: bool, rank: int, world: int, n: int, docs: Documents | None
 ) -> list[list[Block]]:
-    """Blocks of every ring step for `rank` (n local tokens): step s visits the K/V of rank (rank - s) mod W.
+    """Blocks of every ring step for `rank` (n local tokens): step s visits the K/V of rank
+    (rank - s) mod W.
 
     Cached: every layer of a model asks for the same plan.
     """

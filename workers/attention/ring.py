@@ -32,7 +32,7 @@ def _covers_all(block: Block, n: int) -> bool:
 
 
 class _Running:
-    """The running (out [B, S, H, D], lse [B, H, S]) of the forward; None until the first block arrives."""
+    """The forward's running (out [B, S, H, D], lse [B, H, S]); None before the first block."""
 
     def __init__(self) -> None:
         self.out: torch.Tensor | None = None
@@ -48,7 +48,7 @@ kernel_calls: Counter[tuple[str, str]] = Counter()
 
 
 class _PerBlock:
-    """Each plan block is one block-kernel call (dense steps, and packed documents without a varlen kernel)."""
+    """One block-kernel call per plan block (dense steps; documents without a varlen kernel)."""
 
     def __init__(self, plan: list[list[Block]], kernel: BlockKernel, scale: float) -> None:
         self.plan, self.kernel, self.scale = plan, kernel, scale
@@ -102,8 +102,8 @@ class _PerBlock:
             kernel_calls["per_block", "backward"] += 1
             r = blk.rows
             dq_b, dk_b, dv_b = self.kernel.backward(
-                dout[r, blk.q], q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], out[r, blk.q], lse[r, :, blk.q],
-                blk.causal, self.scale,
+                dout[r, blk.q], q[r, blk.q], kv[0][r, blk.kv], kv[1][r, blk.kv], out[r, blk.q],
+                lse[r, :, blk.q], blk.causal, self.scale,
             )  # fmt: skip
             dq[r, blk.q] += dq_b
             # the block's dQ is added: only dK/dV wait for their buffer
@@ -119,7 +119,8 @@ class _PerBlock:
 
 
 class _Packed:
-    """Each ring step's blocks as at most two varlen calls (`varlen.ring_packs`): gather, merge, scatter."""
+    """Each ring step's blocks as at most two varlen calls (`varlen.ring_packs`): gather, merge,
+    scatter."""
 
     def __init__(self, packs: list[list[Pack]], kernel: VarlenKernel, scale: float) -> None:
         self.packs, self.kernel, self.scale = packs, kernel, scale
@@ -191,7 +192,7 @@ Steps = _PerBlock | _Packed
 
 
 def _fold_ring(q, kv, steps: Steps, comm, world, overlap):
-    """The forward over `kv` = stack([k, v]) of this rank: (out, lse), merged over the whole ring."""
+    """The forward over this rank's `kv` = stack([k, v]): (out, lse), merged over the whole ring."""
     run = _Running()
     for step in range(world):
         last = step + 1 == world
@@ -217,8 +218,9 @@ def _head_chunks(kv_heads: int, heads: int, chunks: int) -> list[tuple[slice, sl
 
 
 def _forward(q, kv, steps: Steps, comm, world, overlap):
-    """(out in q's dtype, lse): the ring folded over K/V-head chunks (`ring_head_chunks`), one chunk's full
-    ring after another, so that only a chunk's K/V are in hand and in flight besides the rank's own."""
+    """(out in q's dtype, lse): the ring folded over K/V-head chunks (`ring_head_chunks`), one
+    chunk's full ring after another, so that only a chunk's K/V are in hand and in flight besides
+    the rank's own."""
     kv_heads = kv.shape[3]
     chunks = ring_head_chunks(kv_heads, world)
     if chunks == 1:
@@ -243,10 +245,11 @@ def _exchanging(comm: RingComm | None) -> RingComm:
 
 
 def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
-    """dQ, dK, dV. `saved` = [q, kv, out, lse] is emptied here so that, under activation checkpointing
-    (whose unpacked tensors nothing else holds), what this rank no longer needs is freed: its own K/V
-    once they have left (or, run in head chunks, its storage takes the chunks' dK/dV as they come
-    home), and each step's block gradients once they are in the travelling dK/dV."""
+    """dQ, dK, dV. `saved` = [q, kv, out, lse] is emptied here so that, under activation
+    checkpointing (whose unpacked tensors nothing else holds), what this rank no longer needs is
+    freed: its own K/V once they have left (or, run in head chunks, its storage takes the chunks'
+    dK/dV as they come home), and each step's block gradients once they are in the travelling
+    dK/dV."""
     q, kv, out, lse = saved
     saved.clear()
     if world == 1 and isinstance(steps, _PerBlock):
@@ -278,7 +281,7 @@ def _backward(dout, saved: list[torch.Tensor], steps: Steps, group, world):
 
 def _ring_backward(dout, q, own: list[torch.Tensor], out, lse, dq, steps: Steps, group, world):
     """One full ring of the backward over these heads: adds into `dq`, returns dK/dV stacked (acc
-    dtype). `own` = [this rank's K/V stacked], taken out so that nothing here keeps it past its send."""
+    dtype). `own` = [this rank's K/V stacked], taken out so nothing here keeps it past its send."""
     kv = own.pop()
     acc = _acc_dtype(q.dtype)
     kv_comm = RingComm(group) if world > 1 else None
@@ -288,7 +291,7 @@ def _ring_backward(dout, q, own: list[torch.Tensor], out, lse, dq, steps: Steps,
         if not last:
             _exchanging(kv_comm).send_recv(kv)
         add_grads = steps.grads(step, dout, q, kv, out, lse, dq)
-        # The dkv that arrived meanwhile belongs to the K/V block we hold now: add our part, pass it on.
+        # The dkv that arrived meanwhile belongs to the K/V block we hold now: add ours, pass it on.
         dkv = (
             _exchanging(dkv_comm).wait()
             if step > 0
@@ -308,7 +311,8 @@ def _ring_backward(dout, q, own: list[torch.Tensor], out, lse, dq, steps: Steps,
 
 
 def _steps(q: torch.Tensor, causal, layout, rank, world, scale, docs) -> Steps:
-    """How each ring step is computed: packed varlen calls for documents where a varlen kernel runs, else blocks."""
+    """How each ring step is computed: packed varlen calls for documents where a varlen kernel runs,
+    else blocks."""
     n = q.shape[1]
     varlen = select_varlen(q.device, q.dtype, q.shape[-1]) if docs is not None else None
     if varlen is not None:
@@ -324,7 +328,8 @@ class _RingAttention(torch.autograd.Function):
         rank, world = _rank_world(group)
         comm = RingComm(group) if world > 1 else None
         steps = _steps(q, causal, layout, rank, world, scale, docs)
-        # K and V stacked once: the send buffer, and what backward starts from (saved instead of k and v)
+        # K and V stacked once: the send buffer, and what backward starts from (saved instead of
+        # k and v)
         kv = torch.stack([k, v])
         out, lse = _forward(q, kv, steps, comm, world, overlap)
         ctx.save_for_backward(q, kv, out, lse)
@@ -341,8 +346,8 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) ->
     check_layout(layout)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
-            f"q, k, v must be [batch, seq_local, heads, head_dim]; got {tuple(q.shape)}, {tuple(k.shape)}, "
-            f"{tuple(v.shape)}"
+            "q, k, v must be [batch, seq_local, heads, head_dim]; "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     if k.shape != v.shape:
         raise ValueError(
@@ -350,7 +355,8 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) ->
         )
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
         raise ValueError(
-            f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in batch, seq_local and head_dim"
+            f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree in batch, seq_local "
+            "and head_dim"
         )
     if q.shape[2] % k.shape[2]:
         raise ValueError(
@@ -373,9 +379,9 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) ->
 def documents(cu_seqlens: torch.Tensor | None, batch: int, seq_len: int) -> Documents | None:
     """Validate `cu_seqlens` (global document boundaries) and group batch rows that share them.
 
-    Two forms: `[0, l1, l1+l2, …, S]` (every batch row holds the same documents), or flash-attn's varlen
-    convention over the flattened batch, `[0, …, S, …, 2S, …, B·S]` (each row its own documents; every
-    multiple of S must be a boundary, since a document never crosses rows).
+    Two forms: `[0, l1, l1+l2, …, S]` (every batch row holds the same documents), or flash-attn's
+    varlen convention over the flattened batch, `[0, …, S, …, 2S, …, B·S]` (each row its own
+    documents; every multiple of S must be a boundary, since a document never crosses rows).
     """
     if cu_seqlens is None:
         return None
@@ -387,7 +393,8 @@ def documents(cu_seqlens: torch.Tensor | None, batch: int, seq_len: int) -> Docu
         )
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(
-            f"cu_seqlens must be 1-D [0, …, S] with at least 2 entries, got shape {tuple(cu_seqlens.shape)}"
+            "cu_seqlens must be 1-D [0, …, S] with at least 2 entries, "
+            f"got shape {tuple(cu_seqlens.shape)}"
         )
     bounds = [int(x) for x in cu_seqlens.tolist()]
     if bounds[0] != 0:
@@ -396,7 +403,8 @@ def documents(cu_seqlens: torch.Tensor | None, batch: int, seq_len: int) -> Docu
     if drops:
         i = drops[0]
         raise ValueError(
-            f"cu_seqlens must be non-decreasing; cu_seqlens[{i}]={bounds[i]} < cu_seqlens[{i - 1}]={bounds[i - 1]}"
+            f"cu_seqlens must be non-decreasing; cu_seqlens[{i}]={bounds[i]} < "
+            f"cu_seqlens[{i - 1}]={bounds[i - 1]}"
         )
     if bounds[-1] == seq_len:
         return Documents(((0, batch, tuple(bounds)),))
@@ -405,7 +413,8 @@ def documents(cu_seqlens: torch.Tensor | None, batch: int, seq_len: int) -> Docu
             f" or batch x S = {batch * seq_len} (one set of documents per row)" if batch > 1 else ""
         )
         raise ValueError(
-            f"cu_seqlens must end at the global sequence length S = {seq_len}{extra}, got {bounds[-1]}"
+            f"cu_seqlens must end at the global sequence length S = {seq_len}{extra}, "
+            f"got {bounds[-1]}"
         )
     present = set(bounds)
     rows = []
@@ -441,7 +450,8 @@ def ring_attention(
     q: [batch, seq_local, heads, head_dim]; k, v: [batch, seq_local, kv_heads, head_dim] with
     heads % kv_heads == 0. `layout` names how the global sequence was split (see `shard_sequence`).
     `cu_seqlens` (int32, global boundaries, identical on every rank; see `documents`) restricts each
-    token to its own packed document. Returns [batch, seq_local, heads, head_dim] in q's dtype; differentiable.
+    token to its own packed document. Returns [batch, seq_local, heads, head_dim] in q's dtype;
+    differentiable.
     """
     return _ring_attention(
         q,
@@ -467,7 +477,7 @@ def _ring_attention(
     cu_seqlens: torch.Tensor | None = None,
     overlap: bool = True,
 ) -> torch.Tensor:
-    """`ring_attention` with the overlap switch exposed (the benchmark measures what overlap hides)."""
+    """`ring_attention` with the overlap switch exposed (the benchmark measures what it hides)."""
     _validate(q, k, v, layout)
     _, world = _rank_world(group)
     docs = documents(cu_seqlens, q.shape[0], q.shape[1] * world)

@@ -1,19 +1,23 @@
-"""Ulysses × ring (USP): all-to-all over heads inside a Ulysses group, ring attention across the ring group.
+"""Ulysses × ring (USP): all-to-all over heads inside a Ulysses group, ring attention across the
+ring group.
 
-Rank layout (the trainer builds its groups from `usp_group_ranks`): U = ulysses_size consecutive global
-ranks form a Ulysses group (put them inside one node: the all-to-all is the heavy, latency-bound
-exchange), and ranks u, u + U, u + 2U, … of one data-parallel replica form a ring group (K/V cross nodes).
+Rank layout (the trainer builds its groups from `usp_group_ranks`): U = ulysses_size consecutive
+global ranks form a Ulysses group (put them inside one node: the all-to-all is the heavy,
+latency-bound exchange), and ranks u, u + U, u + 2U, … of one data-parallel replica form a ring
+group (K/V cross nodes).
 
-Sequence layout: the global sequence is first split over the R ring ranks by the ring layout (contiguous,
-zigzag or striped, as in `shard_positions`); ring rank r's shard is then cut into U contiguous pieces, one
-per Ulysses member (`usp_shard_positions`). The first all-to-all gathers the U pieces (so each member
-holds ring rank r's whole shard) and scatters heads (each member keeps H/U query heads); ring attention
-runs over the ring group; the second all-to-all restores [seq_local, all heads].
+Sequence layout: the global sequence is first split over the R ring ranks by the ring layout
+(contiguous, zigzag or striped, as in `shard_positions`); ring rank r's shard is then cut into U
+contiguous pieces, one per Ulysses member (`usp_shard_positions`). The first all-to-all gathers the
+U pieces (so each member holds ring rank r's whole shard) and scatters heads (each member keeps H/U
+query heads); ring attention runs over the ring group; the second all-to-all restores [seq_local,
+all heads].
 
 GQA rule: H % U == 0 always. If kv_heads % U == 0 each member gets kv_heads/U K/V heads (no repeat).
-If U > kv_heads (U % kv_heads == 0 required) each member needs exactly one K/V head — the one its query
-heads use — so each K/V head is repeated U/kv_heads times before the exchange and never more: the
-ring then circulates one K/V head per member. Other combinations raise ValueError naming ulysses_size.
+If U > kv_heads (U % kv_heads == 0 required) each member needs exactly one K/V head — the one its
+query heads use — so each K/V head is repeated U/kv_heads times before the exchange and never
+more: the ring then circulates one K/V head per member. Other combinations raise ValueError naming
+ulysses_size.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from workers.attention.ring import ring_attention
 def usp_group_ranks(
     world: int, ulysses_size: int, ring_size: int
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """(Ulysses groups, ring groups) as global rank lists for world = data_parallel × ring_size × ulysses_size.
+    """(Ulysses groups, ring groups) as global rank lists for
+    world = data_parallel × ring_size × ulysses_size.
 
-    Global rank = (dp · ring_size + ring_rank) · ulysses_size + ulysses_rank: Ulysses innermost (one node),
-    then the ring, then data parallel outermost.
+    Global rank = (dp · ring_size + ring_rank) · ulysses_size + ulysses_rank: Ulysses innermost
+    (one node), then the ring, then data parallel outermost.
     """
     if ulysses_size < 1 or ring_size < 1 or world % (ulysses_size * ring_size):
         raise ValueError(
@@ -49,12 +54,12 @@ def usp_group_ranks(
 def usp_shard_positions(
     seq_len: int, layout: str, ulysses_rank: int, ulysses_size: int, ring_rank: int, ring_size: int
 ) -> torch.Tensor:
-    """Global position ids of the tokens rank (ulysses_rank, ring_rank) holds (RoPE must use these)."""
+    """Global position ids of the tokens rank (ulysses_rank, ring_rank) holds (RoPE uses these)."""
     ring_shard = shard_positions(seq_len, layout, ring_rank, ring_size)
     if len(ring_shard) % ulysses_size:
         raise ValueError(
-            f"sequence length {seq_len} does not split into {ring_size} ring shards of a multiple of "
-            f"ulysses_size={ulysses_size} tokens"
+            f"sequence length {seq_len} does not split into {ring_size} ring shards of a multiple "
+            f"of ulysses_size={ulysses_size} tokens"
         )
     n = len(ring_shard) // ulysses_size
     return ring_shard[ulysses_rank * n : (ulysses_rank + 1) * n]
@@ -84,7 +89,7 @@ def usp_unshard_sequence(
     ulysses_group: dist.ProcessGroup,
     ring_group: dist.ProcessGroup,
 ) -> torch.Tensor:
-    """All-gather the shards of every (Ulysses, ring) member and restore the global order along `dim`."""
+    """All-gather every (Ulysses, ring) member's shard and restore the global order along `dim`."""
     (_, nu), (_, nr) = _rank_size(ulysses_group), _rank_size(ring_group)
     parts_u = [torch.empty_like(x_local) for _ in range(nu)]
     dist.all_gather(parts_u, x_local.contiguous(), group=ulysses_group)
@@ -102,7 +107,8 @@ def usp_unshard_sequence(
 
 
 def _seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup, size: int) -> torch.Tensor:
-    """[B, n, H, D] (sequence piece, all heads) -> [B, U·n, H/U, D] (U pieces in member order, 1/U heads)."""
+    """[B, n, H, D] (sequence piece, all heads) -> [B, U·n, H/U, D] (U pieces in member order, 1/U
+    heads)."""
     b, n, h, d = x.shape
     send = (
         x.reshape(b, n, size, h // size, d).permute(2, 0, 1, 3, 4).contiguous()
@@ -147,7 +153,8 @@ class _HeadsToSeq(torch.autograd.Function):
 
 
 def check_ulysses_heads(heads: int, kv_heads: int, ulysses_size: int) -> None:
-    """Raise ValueError (naming ulysses_size) unless the heads split over U members (see module docstring)."""
+    """Raise ValueError (naming ulysses_size) unless the heads split over U members (see module
+    docstring)."""
     if ulysses_size < 1:
         raise ValueError(f"ulysses_size must be >= 1, got {ulysses_size}")
     if heads % ulysses_size:
@@ -177,12 +184,14 @@ def usp_attention(
 
     `ring_group` is the ring across which K/V travel (a one-rank group when ring_size is 1);
     `ulysses_group` the group the all-to-alls run in (a one-rank group skips them). `cu_seqlens` are
-    global document boundaries, as for `ring_attention`. Returns [B, seq_local, H, D]; differentiable.
+    global document boundaries, as for `ring_attention`. Returns [B, seq_local, H, D];
+    differentiable.
     """
     check_layout(layout)
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(
-            f"q, k, v must be [batch, seq_local, heads, head_dim]; got {tuple(q.shape)}, {tuple(k.shape)}"
+            "q, k, v must be [batch, seq_local, heads, head_dim]; "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}"
         )
     size = dist.get_world_size(ulysses_group)
     h, hk = q.shape[2], k.shape[2]

@@ -1,15 +1,18 @@
-"""Packed documents in one kernel call per ring step: the plan's blocks gathered into variable-length batches.
+"""Packed documents in one kernel call per ring step: the plan's blocks gathered into
+variable-length batches.
 
-With many short documents a ring step's plan (`plan.ring_plan`) is many small blocks, one kernel launch each. A
-varlen kernel (flash-attn's `flash_attn_varlen` forward/backward) takes them all at once: the blocks' queries and
-keys are gathered into packed tensors `[total, heads, head_dim]` with cumulative lengths per block. A kernel call
-has one `causal` flag, so a step is at most two packs: its causal blocks and its dense ones. Within one pack no two
-blocks share a query row (`_split_causal` gives each document at most one diagonal piece and disjoint dense
-pieces), so each pack's result folds into the running output with one gather, one merge and one scatter.
+With many short documents a ring step's plan (`plan.ring_plan`) is many small blocks, one kernel
+launch each. A varlen kernel (flash-attn's `flash_attn_varlen` forward/backward) takes them all at
+once: the blocks' queries and keys are gathered into packed tensors `[total, heads, head_dim]` with
+cumulative lengths per block. A kernel call has one `causal` flag, so a step is at most two packs:
+its causal blocks and its dense ones. Within one pack no two blocks share a query row
+(`_split_causal` gives each document at most one diagonal piece and disjoint dense pieces), so each
+pack's result folds into the running output with one gather, one merge and one scatter.
 
-Backends: `FlashAttnVarlen` (CUDA, flash-attn >= 2.6, fp16/bf16) in production; `LoopVarlen` runs a dense block
-kernel per segment. It exists so this packing is exercised, exactly, on CPU (`RINGTRAIN_ATTN_VARLEN=loop`); the
-default on CPU stays the plain per-block path, which needs no gather.
+Backends: `FlashAttnVarlen` (CUDA, flash-attn >= 2.6, fp16/bf16) in production; `LoopVarlen` runs a
+dense block kernel per segment. It exists so this packing is exercised, exactly, on CPU
+(`RINGTRAIN_ATTN_VARLEN=loop`); the default on CPU stays the plain per-block path, which needs no
+gather.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from workers.attention.plan import Block, Documents, ring_plan
 
 @dataclass(frozen=True)
 class Pack:
-    """Blocks of one ring step that one varlen call computes. `q_index`/`k_index` are flat indices into the local
-    `[batch · seq_local]` tokens; segment i is `q_index[cu_q[i]:cu_q[i+1]]` against `k_index[cu_k[i]:cu_k[i+1]]`."""
+    """Blocks of one ring step that one varlen call computes. `q_index`/`k_index` are flat indices
+    into the local `[batch · seq_local]` tokens; segment i is `q_index[cu_q[i]:cu_q[i+1]]` against
+    `k_index[cu_k[i]:cu_k[i+1]]`."""
 
     causal: bool
     q_index: torch.Tensor  # int64 [total_q]
@@ -58,7 +62,8 @@ class Pack:
         )
 
     def segments(self) -> list[tuple[int, int, int, int]]:
-        """(q0, q1, k0, k1) offsets into the packed tensors, per segment (host ints, for per-segment kernels)."""
+        """(q0, q1, k0, k1) offsets into the packed tensors, per segment (host ints, for
+        per-segment kernels)."""
         cq, ck = self.cu_q.tolist(), self.cu_k.tolist()
         return [(cq[i], cq[i + 1], ck[i], ck[i + 1]) for i in range(len(cq) - 1)]
 
@@ -95,7 +100,7 @@ def _pack(blocks: list[Block], causal: bool, batch: int, n: int) -> Pack:
 def ring_packs(
     layout: str, causal: bool, rank: int, world: int, n: int, docs: Documents | None, batch: int
 ) -> list[list[Pack]]:
-    """Every ring step's blocks (`ring_plan`) as at most two packs: causal blocks, then dense ones."""
+    """Every ring step's blocks (`ring_plan`) as at most two packs: causal ones, then dense ones."""
     out = []
     for blocks in ring_plan(layout, causal, rank, world, n, docs):
         step = []
@@ -114,7 +119,8 @@ class VarlenKernel(Protocol):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pack: Pack, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Packed q [Tq, H, D], k/v [Tk, Hk, D] -> (out [Tq, H, D] in q's dtype, lse [H, Tq] fp32/fp64)."""
+        """Packed q [Tq, H, D], k/v [Tk, Hk, D] -> (out [Tq, H, D] in q's dtype, lse [H, Tq]
+        fp32/fp64)."""
         ...
 
     def backward(
@@ -128,13 +134,15 @@ class VarlenKernel(Protocol):
         pack: Pack,
         scale: float,
     ) -> Grads:
-        """-> (dq, dk, dv) packed like q, k, v; `out`/`lse` are the global (merged) ones for these rows."""
+        """-> (dq, dk, dv) packed like q, k, v; `out`/`lse` are the global (merged) ones of these
+        rows."""
         ...
 
 
 @dataclass(frozen=True)
 class LoopVarlen:
-    """One dense block-kernel call per segment: the reference for the packed path (CPU tests, any device)."""
+    """One dense block-kernel call per segment: the reference for the packed path (CPU tests, any
+    device)."""
 
     block: BlockKernel
 
@@ -175,7 +183,8 @@ def _window(split: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class FlashAttnVarlen:
-    """flash-attn 2 varlen (CUDA, fp16/bf16, GQA native); head_dim padded to 8 like the dense wrapper."""
+    """flash-attn 2 varlen (CUDA, fp16/bf16, GQA native); head_dim padded to 8 like the dense
+    wrapper."""
 
     name: str = "flash_attn_varlen"
 
@@ -183,13 +192,14 @@ class FlashAttnVarlen:
         fwd, _, split = flash_api("varlen")
         d = q.shape[-1]
         res = fwd(
-            _pad8(q), _pad8(k), _pad8(v), pack.cu_q, pack.cu_k, pack.max_q, pack.max_k, 0.0, scale, pack.causal,
-            **_window(split), softcap=0.0, alibi_slopes=None, return_softmax=False,
+            _pad8(q), _pad8(k), _pad8(v), pack.cu_q, pack.cu_k, pack.max_q, pack.max_k, 0.0, scale,
+            pack.causal, **_window(split), softcap=0.0, alibi_slopes=None, return_softmax=False,
         )  # fmt: skip
         out, lse = (res[0], res[1]) if split else (res[0], res[5])
         if lse.shape != (q.shape[1], q.shape[0]):
             raise RuntimeError(
-                f"flash-attn varlen returned lse of shape {tuple(lse.shape)}, expected [heads, total_q]"
+                f"flash-attn varlen returned lse of shape {tuple(lse.shape)}, "
+                "expected [heads, total_q]"
             )
         return out[..., :d], lse
 
@@ -207,9 +217,9 @@ class FlashAttnVarlen:
 
 
 def select_varlen(device: torch.device, dtype: torch.dtype, head_dim: int) -> VarlenKernel | None:
-    """The varlen kernel for packed documents here, or None for the per-block path. Where the block kernel is
-    flash-attn, its varlen twin; `RINGTRAIN_ATTN_VARLEN=loop` forces the packed path over the block kernel, `off`
-    forbids it."""
+    """The varlen kernel for packed documents here, or None for the per-block path. Where the block
+    kernel is flash-attn, its varlen twin; `RINGTRAIN_ATTN_VARLEN=loop` forces the packed path over
+    the block kernel, `off` forbids it."""
     mode = os.environ.get("RINGTRAIN_ATTN_VARLEN", "").strip()
     if mode not in ("", "loop", "off"):
         raise ValueError(f"RINGTRAIN_ATTN_VARLEN={mode!r} is not one of '', 'loop', 'off'")
