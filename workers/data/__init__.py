@@ -1,8 +1,8 @@
 """Training data: byte tokenizer, passkey synthetic task, local text corpora, prepared datasets.
 
-`build_source(spec, tokenizer)` returns an object with `global_batch(step, batch_size) -> Batch` whose
-result depends only on the data spec, the seed and the step — never on how ranks are laid out. The
-tokenizer is the model kind's (`workers.models.tokenizer_for`), handed in by the caller.
+`build_source(spec, tokenizer)` returns an object with `global_batch(step, batch_size) -> Batch`
+whose result depends only on the data spec, the seed and the step — never on how ranks are laid
+out. The tokenizer is the model kind's (`workers.models.tokenizer_for`), handed in by the caller.
 """
 
 from __future__ import annotations

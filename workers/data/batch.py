@@ -25,10 +25,10 @@ from workers.data.balance import replica_rows
 class Batch:
     """`inputs`, `labels`, `weights` are [batch, seq]; `positions` [seq] are global position ids.
 
-    Packed documents (`data.pack: documents`) add `cu_seqlens`, the document boundaries of every row in
-    flash-attn's varlen convention over the rows of this batch ([0, …, S, …, rows·S], int32, global
-    sequence positions: the same on every ring rank), and `doc_positions` [batch, seq], the RoPE positions,
-    restarting at 0 in every document.
+    Packed documents (`data.pack: documents`) add `cu_seqlens`, the document boundaries of every row
+    in flash-attn's varlen convention over the rows of this batch ([0, …, S, …, rows·S], int32,
+    global sequence positions: the same on every ring rank), and `doc_positions` [batch, seq], the
+    RoPE positions, restarting at 0 in every document.
     """
 
     inputs: torch.Tensor
@@ -63,7 +63,8 @@ def select_cu_seqlens(cu_seqlens: torch.Tensor, rows: list[int], seq_len: int) -
 
 
 def from_windows(windows: torch.Tensor, weights: torch.Tensor | None = None) -> Batch:
-    """[B, seq_len + 1] token windows (and optional per-label weights [B, seq_len]) → a global batch."""
+    """[B, seq_len + 1] token windows (and optional per-label weights [B, seq_len]) → a global
+    batch."""
     inputs, labels = windows[:, :-1], windows[:, 1:]
     if weights is None:
         weights = torch.ones(labels.shape, dtype=torch.float32)

@@ -1,11 +1,10 @@
 """`data.kind: text` through the prepared-dataset cache: tokenized once, read like `kind: tokens`.
 
-Every rank used to read and tokenize the whole corpus into memory at every start. Now the first
-rank to start on a corpus prepares it (in process: a rank already runs inside Ray or torchrun, so
-no nested Ray) into a content-addressed directory of the cache; ranks starting at the same time
-wait on a lock and then open it; later starts, of this job or any other on the same corpus and
-tokenizer, tokenize nothing. Every rank reads through `TokensSource` (memory maps), so its memory
-does not grow with the corpus.
+The first rank to start on a corpus prepares it (in process: a rank already runs inside Ray or
+torchrun, so no nested Ray) into a content-addressed directory of the cache; ranks starting at the
+same time wait on a lock and then open it; later starts, of this job or any other on the same
+corpus and tokenizer, tokenize nothing. Every rank reads through `TokensSource` (memory maps), so
+its memory does not grow with the corpus.
 
 Root: `$RINGTRAIN_DATA_CACHE`; else `.data-cache` beside the job directories of the checkpoint
 root (`$RINGTRAIN_CHECKPOINT_DIR/..`, set for ranks the control plane starts, on storage every

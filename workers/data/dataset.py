@@ -3,8 +3,9 @@
 `open_dataset(DIR)` reads the manifest and the per-shard document counts (one small list per shard);
 each shard's `.tokens.npy`, `.offsets.npy` (document starts, documents + 1 entries) and, for chat,
 `.mask.npy` are mapped on first use. Document i lives in the shard found by bisecting the cumulative
-document counts; a token range of the whole stream (documents concatenated in order) by bisecting the
-cumulative token counts. A rank's memory therefore grows with what it reads, not with the corpus.
+document counts; a token range of the whole stream (documents concatenated in order) by bisecting
+the cumulative token counts. A rank's memory therefore grows with what it reads, not with the
+corpus.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class _Shard:
 
 
 class PreparedDataset:
-    """`len()` documents, `num_tokens`, `ds[i] -> {"tokens", "loss_mask"}`, and stream reads for packing."""
+    """`len()` documents, `num_tokens`, `ds[i] -> {"tokens", "loss_mask"}`, and stream reads for
+    packing."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -1,21 +1,22 @@
-"""Passkey retrieval: a random numeric key hidden at a chosen depth in filler text, asked for at the end.
+"""Passkey retrieval: a random numeric key hidden at a chosen depth in filler text, asked for at the
+end.
 
 Layout of one sample (exactly seq_len + 1 tokens, so it yields seq_len inputs and seq_len labels):
 
     INTRO  filler[:a]  NEEDLE(key)  filler[a:]  QUESTION  key
 
 Every piece is encoded separately with the job's tokenizer (bytes for native models, the model's own
-for pretrained ones), so the answer is exactly `tokenizer.encode(key)` whatever merges a BPE would have
-made across piece boundaries. `depth` is the needle's relative position inside the haystack (0 = right
-after the intro, 1 = just before the question). The answer tokens are the last labels; their loss
-weight is `answer_weight`, every other label weighs 1. Contexts too short for this phrasing drop the
-intro, then switch to a compact one ("pass key 123. " … "pass key? 123"), so every length the spec
-accepts (seq_len ≥ 64 and ≥ 16 · key_digits) holds a sample.
+for pretrained ones), so the answer is exactly `tokenizer.encode(key)` whatever merges a BPE would
+have made across piece boundaries. `depth` is the needle's relative position inside the haystack
+(0 = right after the intro, 1 = just before the question). The answer tokens are the last labels;
+their loss weight is `answer_weight`, every other label weighs 1. Contexts too short for this
+phrasing drop the intro, then switch to a compact one ("pass key 123. " … "pass key? 123"), so
+every length the spec accepts (seq_len ≥ 64 and ≥ 16 · key_digits) holds a sample.
 
 Curriculum: `PasskeySource` may train its first steps on shorter contexts (`stages`, a list of
-(steps, seq_len)). A short context gives the answer's attention fewer positions to spread over, so the
-retrieval signal is stronger and each step is cheaper; the stage lengths are part of the data spec,
-so the global batch still depends only on (data spec, seed, step).
+(steps, seq_len)). A short context gives the answer's attention fewer positions to spread over, so
+the retrieval signal is stronger and each step is cheaper; the stage lengths are part of the data
+spec, so the global batch still depends only on (data spec, seed, step).
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ import torch
 from workers.data.batch import Batch, from_windows
 from workers.data.tokenizer import ByteTokenizer, Tokenizer
 
-INTRO = "There is an important pass key hidden inside a lot of irrelevant text. Find it and remember it. "
+INTRO = (
+    "There is an important pass key hidden inside a lot of irrelevant text. "
+    "Find it and remember it. "
+)
 FILLER = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 )
@@ -105,7 +109,8 @@ def make_sample(
 def _filler(tokenizer: Tokenizer, n: int) -> tuple[int, ...]:
     """`n` tokens of repeated filler text (tokenized whole: a tokenizer may merge across sentences).
 
-    Cached: every sample of a length shares it, and a pretrained tokenizer takes milliseconds per long text.
+    Cached: every sample of a length shares it, and a pretrained tokenizer takes milliseconds per
+    long text.
     """
     unit = tokenizer.encode(FILLER)
     reps = n // max(1, len(unit)) + 2
@@ -129,8 +134,9 @@ def sample_generator(seed: int, *stream: int) -> torch.Generator:
 class PasskeySource:
     """Endless passkey batches: sample i of step s is drawn from its own generator (seed, s, i).
 
-    `stages`: [(steps, seq_len), ...] trained in order before `seq_len` (the curriculum); the length of
-    step s's batch is a function of s alone, so a resumed run continues exactly where it left off.
+    `stages`: [(steps, seq_len), ...] trained in order before `seq_len` (the curriculum); the length
+    of step s's batch is a function of s alone, so a resumed run continues exactly where it left
+    off.
     """
 
     def __init__(

@@ -1,4 +1,5 @@
-"""Tokenizers: one small interface, byte-level for native models, the model's own for pretrained ones.
+"""Tokenizers: one small interface, byte-level for native models, the model's own for pretrained
+ones.
 
 Everything that turns text into training tokens or scores generated tokens (text corpora, passkey
 prompts and answers, evals) gets its tokenizer from the caller, which asks the model kind
@@ -22,8 +23,9 @@ VOCAB_SIZE = 256
 class Tokenizer(Protocol):
     """What training and evaluation need from a tokenizer.
 
-    `encode` never adds special tokens (BOS/EOS are the caller's decision); `eos_id` separates documents
-    in a packed corpus; `vocab_size` is the number of ids `encode` can return (≤ the model's vocabulary).
+    `encode` never adds special tokens (BOS/EOS are the caller's decision); `eos_id` separates
+    documents in a packed corpus; `vocab_size` is the number of ids `encode` can return (≤ the
+    model's vocabulary).
     """
 
     vocab_size: int
@@ -38,7 +40,8 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """Text ↔ UTF-8 bytes (id = byte). Decoding replaces invalid sequences (a model can emit any byte).
+    """Text ↔ UTF-8 bytes (id = byte). Decoding replaces invalid sequences (a model can emit any
+    byte).
 
     NUL (id 0) is the document separator, as in corpora prepared with the bytes tokenizer
     (`workers.data.prepare` closes every document with it).
@@ -61,10 +64,11 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer read from a local model directory (tokenizer.json / tokenizer_config.json).
+    """A Hugging Face tokenizer read from a local model directory
+    (tokenizer.json / tokenizer_config.json).
 
-    Loaded through `transformers.AutoTokenizer` so the directory's own settings (special tokens, added
-    tokens, normalisers) apply exactly as they will after export; nothing is downloaded.
+    Loaded through `transformers.AutoTokenizer` so the directory's own settings (special tokens,
+    added tokens, normalisers) apply exactly as they will after export; nothing is downloaded.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -93,7 +97,7 @@ class HFTokenizer:
 
 
 def _byte_to_unicode() -> dict[int, str]:
-    """GPT-2's byte → printable character map, which `tokenizers`' ByteLevel pre-tokenizer applies."""
+    """GPT-2's byte → printable character map, used by `tokenizers`' ByteLevel pre-tokenizer."""
     printable = [
         *range(ord("!"), ord("~") + 1),
         *range(ord("¡"), ord("¬") + 1),
@@ -108,10 +112,12 @@ def _byte_to_unicode() -> dict[int, str]:
 
 
 def save_byte_tokenizer(out_dir: str | Path) -> None:
-    """Write a Hugging Face tokenizer whose ids are UTF-8 bytes (ByteTokenizer's), for exported native models.
+    """Write a Hugging Face tokenizer whose ids are UTF-8 bytes (ByteTokenizer's), for exported
+    native models.
 
-    Byte-level BPE with the 256 byte symbols as vocabulary (id = byte) and no merges, no regex split, no
-    special tokens: `AutoTokenizer` encodes any text to exactly `ByteTokenizer().encode(text)`.
+    Byte-level BPE with the 256 byte symbols as vocabulary (id = byte) and no merges, no regex
+    split, no special tokens: `AutoTokenizer` encodes any text to exactly
+    `ByteTokenizer().encode(text)`.
     """
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import decoders, models, pre_tokenizers
@@ -126,7 +132,7 @@ def save_byte_tokenizer(out_dir: str | Path) -> None:
 
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(path: str) -> HFTokenizer:
-    """The tokenizer of a model directory, loaded once per process (data, evals and export share it)."""
+    """A model directory's tokenizer, loaded once per process (data, evals and export share it)."""
     return HFTokenizer(path)
 
 

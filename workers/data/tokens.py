@@ -1,27 +1,28 @@
 """`data.kind: tokens`: training batches from a prepared dataset, reading only what a step needs.
 
-Split: with `validation` v > 0 every k-th document (k = round(1/v); document i with i % k == k - 1) is held
-out, so held-out documents are spread over every file and the split never depends on the seed or on
-anything but the document count. Training document j is document j + j // (k - 1).
-With `validation` a path, the held-out documents are that prepared dataset's and all of `path` trains.
+Split: with `validation` v > 0 every k-th document (k = round(1/v); document i with i % k == k - 1)
+is held out, so held-out documents are spread over every file and the split never depends on the
+seed or on anything but the document count. Training document j is document j + j // (k - 1). With
+`validation` a path, the held-out documents are that prepared dataset's and all of `path` trains.
 
 Order: each epoch visits the training material in an affine permutation i -> (a·i + b) mod n with a
 coprime to n, a and b drawn from (seed, epoch). It is a true permutation that costs O(1) memory and
 O(1) per lookup, so nothing grows with the corpus.
 
-`pack: documents`: documents in permuted order, longer ones cut into seq_len pieces kept in order, packed
-next-fit (a piece that no longer fits closes the sequence; its tail is padding). Sequence g needs the
-packing of every sequence before it in its epoch, so the source keeps a cursor (epoch, document, piece)
-at the last sequence it produced and at every epoch start it met: going forward is a scan from the
-nearest cursor, and a checkpoint stores the cursor so a resume starts without scanning.
+`pack: documents`: documents in permuted order, longer ones cut into seq_len pieces kept in order,
+packed next-fit (a piece that no longer fits closes the sequence; its tail is padding). Sequence g
+needs the packing of every sequence before it in its epoch, so the source keeps a cursor (epoch,
+document, piece) at the last sequence it produced and at every epoch start it met: going forward is
+a scan from the nearest cursor, and a checkpoint stores the cursor so a resume starts without
+scanning.
 
 `pack: windows`: the training documents concatenated in index order (a stream), cut into seq_len + 1
 windows at stride seq_len; the windows are visited in permuted order. Attention and labels cross
 document boundaries here, as in `kind: text` windows.
 
 Loss mask: the weight of the label at position i is the mask of token i + 1 (chat: only assistant
-tokens are learned); it rides in `Batch.weights` through sharding, the ring and the loss, whose global
-token mean divides by the sum of weights.
+tokens are learned); it rides in `Batch.weights` through sharding, the ring and the loss, whose
+global token mean divides by the sum of weights.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def affine(n: int, seed: int, epoch: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Cursor:
-    """Where sequence `g` of the run starts: in `epoch`, at permuted document `j`, piece `piece` of it."""
+    """Where the run's sequence `g` starts: in `epoch`, permuted document `j`, its piece `piece`."""
 
     g: int
     epoch: int
@@ -83,7 +84,8 @@ class _Split:
 
 
 class TokensSource:
-    """Batches from a prepared dataset (`data.kind: tokens`); resumable, O(1) memory in the corpus size."""
+    """Batches from a prepared dataset (`data.kind: tokens`); resumable, with memory O(1) in the
+    corpus size."""
 
     def __init__(
         self,
@@ -97,8 +99,9 @@ class TokensSource:
         self.ds = path if isinstance(path, PreparedDataset) else open_dataset(path)
         if vocab_size is not None and self.ds.vocab_size > vocab_size:
             raise ValueError(
-                f"data.path {self.ds.path}: its tokenizer has {self.ds.vocab_size} ids, more than the model's "
-                f"vocabulary ({vocab_size}); prepare it with the model's tokenizer"
+                f"data.path {self.ds.path}: its tokenizer has {self.ds.vocab_size} ids, "
+                f"more than the model's vocabulary ({vocab_size}); "
+                "prepare it with the model's tokenizer"
             )
         self.seq_len, self.seed, self.pack = seq_len, seed, pack
         if isinstance(validation, str | Path):  # a prepared dataset of held-out documents
@@ -139,7 +142,7 @@ class TokensSource:
             )
         return val
 
-    # -- documents -------------------------------------------------------------------------------------------
+    # -- documents ---------------------------------------------------------------------------------
     def _train_doc(self, epoch: int, j: int) -> int:
         if self._perm[0] != epoch:
             self._perm = (epoch, *affine(self.train.n, self.seed, epoch))
@@ -225,15 +228,16 @@ class TokensSource:
         )
 
     def sequence(self, g: int) -> tuple[torch.Tensor, ...]:
-        """(inputs, labels, weights, doc_positions, boundaries) of training sequence g of the run."""
+        """(inputs, labels, weights, doc_positions, boundaries) of the run's training sequence g."""
         cursor = self._cursor(g)
         pieces, self._last = self._advance(cursor)
         return self._packed(pieces)
 
-    # -- windows ---------------------------------------------------------------------------------------------
+    # -- windows -----------------------------------------------------------------------------------
     def _stream_segments(self) -> list[tuple[int, int]]:
-        """(start, length) in the dataset's token stream of the runs of training documents between held-out
-        ones: the training stream is their concatenation. One entry per held-out document."""
+        """(start, length) in the dataset's token stream of the runs of training documents between
+        held-out ones: the training stream is their concatenation. One entry per held-out
+        document."""
         segments, at = [], 0
         for m in range(self.val.n):
             start, stop = self.ds.doc_span(self.val.doc(m))
@@ -268,7 +272,7 @@ class TokensSource:
             torch.from_numpy(mask[1:].astype(np.float32)),
         )
 
-    # -- batches ---------------------------------------------------------------------------------------------
+    # -- batches -----------------------------------------------------------------------------------
     def global_batch(self, step: int, batch_size: int) -> Batch:
         first = step * batch_size
         self.samples_consumed = first + batch_size
@@ -283,8 +287,9 @@ class TokensSource:
         return batch_of([self.sequence(first + i) for i in range(batch_size)], self.seq_len)
 
     def validation_batches(self, batch_size: int, count: int) -> list[Batch]:
-        """`count` batches of held-out sequences (the same every time): held-out documents in order, packed
-        (documents) or cut into windows (windows), wrapping around when there are fewer. [] without any."""
+        """`count` batches of held-out sequences (the same every time): held-out documents in order,
+        packed (documents) or cut into windows (windows), wrapping around when there are fewer.
+        [] without any."""
         if self.val.n == 0:
             return []
         seqs: list[tuple[torch.Tensor, ...]] = []
@@ -319,7 +324,7 @@ class TokensSource:
             batch_of(seqs[i : i + batch_size], self.seq_len) for i in range(0, want, batch_size)
         ]
 
-    # -- resume ----------------------------------------------------------------------------------------------
+    # -- resume ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         state = {
             "kind": "tokens",
@@ -341,7 +346,8 @@ class TokensSource:
             or state.get("pack") != self.pack
         ):
             raise ValueError(
-                "the dataset, seed or packing changed since the checkpoint; its data position does not apply"
+                "the dataset, seed or packing changed since the checkpoint; "
+                "its data position does not apply"
             )
         self.samples_consumed = int(state["samples_consumed"])
         if "cursor" in state:
@@ -350,7 +356,8 @@ class TokensSource:
 
 
 def batch_of(seqs: list[tuple[torch.Tensor, ...]], seq_len: int) -> Batch:
-    """Packed sequences (inputs, labels, weights, doc_positions, boundaries) as one batch with varlen bounds."""
+    """Packed sequences (inputs, labels, weights, doc_positions, boundaries) as one batch with
+    varlen bounds."""
     cu = [0] + [row * seq_len + int(b) for row, seq in enumerate(seqs) for b in seq[4][1:].tolist()]
     return Batch(
         torch.stack([x[0] for x in seqs]),

@@ -19,7 +19,8 @@ class PrepareError(ValueError):
 
 @dataclass(frozen=True)
 class Chunk:
-    """One unit of tokenization work: a byte range of a jsonl file, a parquet row group, or a whole txt file."""
+    """One unit of tokenization work: a byte range of a jsonl file, a parquet row group, or a whole
+    txt file."""
 
     file_index: int
     part: int
@@ -78,7 +79,8 @@ def file_sha256(path: Path) -> str:
 
 
 def list_sources(source: str | Path) -> tuple[Path, list[Path]]:
-    """(root, files): the file itself, or every .txt/.jsonl/.parquet under a directory in sorted path order."""
+    """(root, files): the file itself, or every .txt/.jsonl/.parquet under a directory in sorted
+    path order."""
     root = Path(source)
     if not root.exists():
         raise PrepareError(f"{source}: no such file or directory")

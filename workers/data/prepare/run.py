@@ -106,7 +106,8 @@ def prepare(
 
     `inline=True` tokenizes in this process instead of on Ray (a training rank, tests and tiny
     corpora: no cluster start); `planned` is this source's `plan(...)` when the caller made it;
-    unchanged files' shards are linked from `reuse_from` (another prepared dataset) as from `out`."""
+    unchanged files' shards are linked from `reuse_from` (another prepared dataset) as from
+    `out`."""
     report = progress or (lambda p: None)
     p = planned or plan(
         source,

@@ -23,7 +23,8 @@ BYTES = "bytes"
 
 
 def tokenizer_hash(tokenizer: str) -> str:
-    """`bytes`, or the hash of a model directory's files other than weights (tokenizer and chat template)."""
+    """`bytes`, or the hash of a model directory's files other than weights (tokenizer and chat
+    template)."""
     if tokenizer == BYTES:
         return hashlib.sha256(b"ringtrain-bytes-v1").hexdigest()
     root = Path(tokenizer)
@@ -38,7 +39,8 @@ def tokenizer_hash(tokenizer: str) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _hf_tokenizer(path: str) -> Any:
-    # one thread per task: Ray runs as many tasks as the cluster has CPUs for, the tokenizer must not add more
+    # one thread per task: Ray runs as many tasks as the cluster has CPUs for, the tokenizer must
+    # not add more
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoTokenizer
 
@@ -50,7 +52,8 @@ def tokenizer_info(tokenizer: str, fmt: str) -> dict[str, Any]:
     if tokenizer == BYTES:
         if fmt == "chat":
             raise PrepareError(
-                "--format chat needs a model directory with a chat template, not the bytes tokenizer"
+                "--format chat needs a model directory with a chat template, "
+                "not the bytes tokenizer"
             )
         return {
             "kind": BYTES,
@@ -83,12 +86,14 @@ def tokenizer_info(tokenizer: str, fmt: str) -> dict[str, Any]:
 
 
 def encode_text(tokenizer: str, text: str) -> list[int]:
-    """A text document: the tokenizer's own encoding (with whatever special tokens it adds), then eos once."""
+    """A text document: the tokenizer's own encoding (with whatever special tokens it adds), then
+    eos once."""
     return encode_texts(tokenizer, [text])[0]
 
 
 def encode_texts(tokenizer: str, texts: list[str]) -> list[Any]:
-    """`encode_text` of each text, in one batch call of the tokenizer (arrays for bytes, lists otherwise)."""
+    """`encode_text` of each text, in one batch call of the tokenizer (arrays for bytes, lists
+    otherwise)."""
     if tokenizer == BYTES:
         return [np.frombuffer(t.encode("utf-8") + b"\0", dtype=np.uint8) for t in texts]
     if not texts:
@@ -107,10 +112,11 @@ def encode_chat(tokenizer: str, messages: list[dict[str, Any]]) -> tuple[list[in
     """A conversation through the model's chat template, and which tokens are the assistant's.
 
     Templates that mark generation (`{% generation %}`) give the mask themselves (transformers'
-    `return_assistant_tokens_mask`). Otherwise assistant turn k is the text between the render of turns
-    [0, k) with the generation prompt and the render of turns [0, k] (trailing whitespace excluded: it is
-    the template's formatting), both prefixes of the whole render; a token is the assistant's when its
-    characters overlap that text (transformers maps generation spans to tokens the same way).
+    `return_assistant_tokens_mask`). Otherwise assistant turn k is the text between the render of
+    turns [0, k) with the generation prompt and the render of turns [0, k] (trailing whitespace
+    excluded: it is the template's formatting), both prefixes of the whole render; a token is the
+    assistant's when its characters overlap that text (transformers maps generation spans to tokens
+    the same way).
     """
     tok = _hf_tokenizer(tokenizer)
     if GENERATION_TAG.search(str(tok.chat_template)):
@@ -129,8 +135,8 @@ def encode_chat(tokenizer: str, messages: list[dict[str, Any]]) -> tuple[list[in
         through = _render(tok, messages[: k + 1], add_generation_prompt=False)
         if not (text.startswith(before) and text.startswith(through)):
             raise PrepareError(
-                "the chat template does not render a conversation's prefixes as prefixes of the whole; "
-                "wrap assistant content in {% generation %}...{% endgeneration %} to mark it"
+                "the chat template does not render a conversation's prefixes as prefixes of the "
+                "whole; wrap assistant content in {% generation %}...{% endgeneration %} to mark it"
             )
         start, stop = len(before), len(through.rstrip())
         for j, (a, b) in enumerate(spans):
@@ -196,10 +202,11 @@ def _check_messages(where: str, messages: Any) -> list[dict[str, Any]]:
 
 
 def tokenize_chunk(row: dict[str, Any]) -> dict[str, Any]:
-    """Tokenize one chunk into its shard files under row["out_dir"]; the counts, or the error to report.
+    """Tokenize one chunk into its shard files under row["out_dir"]; the counts, or the error to
+    report.
 
-    Each document becomes a numpy array at once (a chunk's ids never sit in one Python list: 28 bytes an
-    int), text documents are encoded in batches (the tokenizer's fast batch path)."""
+    Each document becomes a numpy array at once (a chunk's ids never sit in one Python list: 28
+    bytes an int), text documents are encoded in batches (the tokenizer's fast batch path)."""
     chunk = Chunk(**row["chunk"])
     fmt, tokenizer, dtype = row["format"], row["tokenizer"], np.dtype(row["dtype"])
     parts: list[np.ndarray] = []

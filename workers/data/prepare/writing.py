@@ -26,7 +26,7 @@ def aside(out: Path, what: str) -> Path:
 
 
 def recover(out: Path) -> None:
-    """Undo what an interrupted prepare left: its staging directory, and an old version renamed aside."""
+    """Undo what an interrupted prepare left: its staging directory and an old version set aside."""
     staging, old = aside(out, "staging"), aside(out, "old")
     if staging.exists():
         shutil.rmtree(staging)
@@ -73,7 +73,8 @@ def exclusive(lock: Path) -> Iterator[None]:
 
 
 def link_shards(old_dir: Path, new_dir: Path, shards: list[dict[str, Any]]) -> bool:
-    """Carry an unchanged file's shards over (hard links; copies across file systems). False if any is gone."""
+    """Carry an unchanged file's shards over (hard links; copies across file systems). False if any
+    is gone."""
     try:
         for s in shards:
             for p in old_dir.glob(f"{s['name']}.*.npy"):
