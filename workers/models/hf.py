@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from workers.attention.decode import pass_q_attention
 from workers.config import HFModelConfig, JobSpec, pretrained_config
 from workers.models.base import RingModel, SequenceParallel
 from workers.models.norm import rms_norm
@@ -44,6 +45,8 @@ class _RingState:
     sp: SequenceParallel | None = None
     seq_len: int = 0  # global sequence length of the current forward
     cu_seqlens: torch.Tensor | None = None  # packed documents of the current forward
+    # decoding with a cache (`decode_step`): the cache slots this rank's keys count for
+    decode_keep: torch.Tensor | None = None
 
 
 def _ring_attention_forward(
@@ -69,6 +72,12 @@ def _ring_attention_forward(
         raise ValueError(
             f"sliding_window {window} < sequence length {state.seq_len}: ring attention is full causal"
         )
+    if state.decode_keep is not None:  # new tokens against every rank's cache (pass-Q)
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        group = state.sp.group if state.sp is not None else None
+        return pass_q_attention(
+            q, k, v, group=group, softmax_scale=scaling, keep=state.decode_keep
+        ), None
     if state.sp is None and state.cu_seqlens is None:  # the whole sequence is local and in order
         out = F.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scaling, enable_gqa=True
@@ -200,7 +209,11 @@ class PretrainedLM(RingModel):
         return cos[:, :-1], sin[:, :-1]
 
     def _inputs(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cu_seqlens: torch.Tensor | None,
+        cache: Any = None,
     ) -> dict[str, Any]:
         b, s = tokens.shape
         positions = positions.to(tokens.device)
@@ -210,7 +223,14 @@ class PretrainedLM(RingModel):
             self._global_last_position(positions) if self._length_dependent_rope else None
         )
         position_ids = positions if positions.dim() == 2 else positions.unsqueeze(0).expand(b, -1)
-        return {"input_ids": tokens, "position_ids": position_ids, "use_cache": False}
+        if cache is None:
+            return {"input_ids": tokens, "position_ids": position_ids, "use_cache": False}
+        return {
+            "input_ids": tokens,
+            "position_ids": position_ids,
+            "use_cache": True,
+            "cache": cache,
+        }
 
     def sequence_ends(self) -> tuple[nn.Module, nn.Module]:
         return self._decoder.get_submodule("embed_tokens"), self._decoder.get_submodule("norm")
@@ -239,6 +259,27 @@ class PretrainedLM(RingModel):
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return self.hf(**self._inputs(tokens, positions, cu_seqlens)).logits.float()
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Logits of this rank's prompt shard (ring attention, as in training), its keys and values
+        kept in `cache` (a transformers `DynamicCache`): the start of `decode_step`s."""
+        self.state.decode_keep = None
+        return self.hf(**self._inputs(tokens, positions, None, cache)).logits.float()
+
+    @torch.no_grad()
+    def decode_step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: Any, keep: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits of new tokens [batch, n] at global `positions` [n], attending every rank's cache
+        (`workers.attention.decode`); `keep`: which of this rank's cache slots count, the new
+        tokens' own slots included (appended to the cache before attention). Collective over
+        the ring: every rank calls it with the same tokens and gets the same logits."""
+        self.state.decode_keep = keep.to(tokens.device)
+        try:
+            return self.hf(**self._inputs(tokens, positions, None, cache)).logits.float()
+        finally:
+            self.state.decode_keep = None
 
 
 def load_pretrained(
