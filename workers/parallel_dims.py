@@ -2,9 +2,8 @@
 
 Why one module: the planner's preview, admission, the driver's reservation and the trainer's mesh
 must agree on how many ranks a job has, which ranks share a sequence, which accelerator `auto` means
-and how many ranks fit a node. When each computed its own copy they drifted apart. This module sits
-beside `workers.config` and `workers.protocol` in the ground layer, so the control plane may import
-it.
+and how many ranks fit a node; separate copies of these rules drift apart. This module sits beside
+`workers.config` and `workers.protocol` in the ground layer, so the control plane may import it.
 
 The shape (`ParallelDims`, after torchtitan's class of the same name): world = data_parallel x
 ring_size x ulysses_size x tensor_size. The *sequence group* is the ulysses_size x ring_size ranks
@@ -12,7 +11,8 @@ the sequence is split over; a tensor-parallel group (tensor_size ranks) holds th
 splits the heads and MLP columns instead. A *replica* is one data-parallel copy: ring x Ulysses x
 tensor ranks. Its ranks are contiguous, tensor innermost, then Ulysses:
 
-    rank = ((dp_index * ring_size + ring_rank) * ulysses_size + ulysses_rank) * tensor_size + tp_rank
+    rank = ((dp_index * ring_size + ring_rank) * ulysses_size + ulysses_rank) * tensor_size
+           + tp_rank
 
 so a tensor group (four collectives per block: the chattiest) is a block of neighbouring ranks on
 one node, a Ulysses group (the latency-bound all-to-all) is a block of tensor groups, a ring is a
@@ -25,12 +25,11 @@ into tensor_size pieces of the residual stream (sequence parallelism between its
 The rules, each decided here only:
 
 - Accelerator (`resolve_accelerator`): `auto` means GPUs when any alive node has a GPU (in the
-  control plane: counting the nodes the autoscaler may add). The driver used to decide `auto`
-  differently (GPUs only when the cluster's GPUs numbered at least the world size), so a job
-  admitted and charged as a GPU job could start on CPUs. The any-GPU rule is the one kept: a job's
-  demand is one GPU per rank and must not change with what happens to be up; a job larger than the
-  GPUs waits for them or is refused, never moved silently onto CPUs, and a GPU group the autoscaler
-  scaled to zero still means GPUs.
+  control plane: counting the nodes the autoscaler may add), not only when the cluster's GPUs
+  number at least the world size, so a job admitted and charged as a GPU job never starts on CPUs.
+  A job's demand is one GPU per rank and must not change with what happens to be up; a job larger
+  than the GPUs waits for them or is refused, never moved silently onto CPUs, and a GPU group the
+  autoscaler scaled to zero still means GPUs.
 - One bundle per rank (`rank_bundle`): {"CPU": cpus_per_worker}, plus {"GPU": 1} on GPUs. With
   tensor parallelism, one bundle per *tensor group* (`ParallelDims.placement_bundle`: a rank's
   resources times tensor_size, its T actors started inside it): Ray keeps a bundle on one node,
@@ -38,8 +37,8 @@ The rules, each decided here only:
   group split over two nodes would put its per-block collectives on the network. Capacity is
   counted in these units everywhere (admission, planner, driver).
 - Bundles per node (`bundles_per_node`): counted in Ray's resource unit (0.0001), as Ray itself
-  counts, so 0.3 free CPUs hold three bundles of 0.1 CPU. Float floor division said two in the
-  planner and in admission while the driver's placement check said three.
+  counts, so 0.3 free CPUs hold three bundles of 0.1 CPU (float floor division says two, and the
+  planner and admission would disagree with the driver's placement check).
 - Strategy (`choose_strategy`): STRICT_PACK when one node's *total* resources hold the whole job,
   else PACK. The planner previews what the driver will ask Ray for.
 - Rank order (`order_ranks`) and crossings (`ParallelDims.ring_crossings`): the planner's preview
@@ -216,17 +215,17 @@ def chunks_per_rank(layout: str) -> int:
 
 
 # What ring attention holds beyond its saved tensors is its ring buffers: in the forward, the K/V in
-# hand and the K/V in flight; in the backward, those plus dK/dV travelling and arriving (four times a
-# rank's K/V). Run over this many K/V-head chunks, one chunk's full ring after another, they shrink to a
-# chunk's; the bytes sent are the same, in more, smaller messages. Heads are independent, so the result
-# is the same to the bit.
+# hand and the K/V in flight; in the backward, those plus dK/dV travelling and arriving (four times
+# a rank's K/V). Run over this many K/V-head chunks, one chunk's full ring after another, they
+# shrink to a chunk's; the bytes sent are the same, in more, smaller messages. Heads are
+# independent, so the result is the same to the bit.
 MAX_RING_HEAD_CHUNKS = 4
 
 
 def ring_head_chunks(kv_heads: int, ring_size: int) -> int:
-    """K/V-head chunks ring attention's forward and backward run in (`workers.attention.ring`, and the
-    planner's ring buffers): the most up to MAX_RING_HEAD_CHUNKS that divide the K/V heads; 1 on a ring
-    of one (nothing travels)."""
+    """K/V-head chunks ring attention's forward and backward run in (`workers.attention.ring`, and
+    the planner's ring buffers): the most up to MAX_RING_HEAD_CHUNKS that divide the K/V heads; 1 on
+    a ring of one (nothing travels)."""
     if ring_size == 1 or kv_heads < 1:
         return 1
     top = min(kv_heads, MAX_RING_HEAD_CHUNKS)
@@ -385,7 +384,8 @@ def order_ranks(
         if len(idxs) % tensor_size:
             raise TensorGroupSplit(
                 f"node {n} holds {len(idxs)} of this job's ranks, not a multiple of "
-                f"parallel.tensor_size ({tensor_size}): a tensor-parallel group must sit on one node"
+                f"parallel.tensor_size ({tensor_size}): "
+                "a tensor-parallel group must sit on one node"
             )
     remaining = {
         n: [tuple(idxs[k : k + tensor_size]) for k in range(0, len(idxs), tensor_size)]

@@ -1,5 +1,5 @@
-"""The contract between the control plane and a job's driver: what the driver is started with (`DriverEnv`)
-and what it reports back (`POST /v1/jobs/{id}/report`).
+"""The contract between the control plane and a job's driver: what the driver is started with
+(`DriverEnv`) and what it reports back (`POST /v1/jobs/{id}/report`).
 
 Defined here, in the lowest layer that produces it; the service and API import these models.
 Every item carries the driver's own sequence number (1, 2, 3, ... per job, never reused, also
@@ -36,9 +36,10 @@ class JobState(StrEnum):
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 
-# Bounds of the store's columns (BIGINT / INTEGER): a larger number is refused here with a 422 instead of
-# failing inside the database driver (OverflowError → 500). Times must be finite: an inf time was stored
-# and then broke every SSE stream of the job (events are strict JSON); a NaN one hit a NOT NULL column.
+# Bounds of the store's columns (BIGINT / INTEGER): a larger number is refused here with a 422
+# instead of failing inside the database driver (OverflowError → 500). Times must be finite: an
+# inf time would be stored and then break every SSE stream of the job (events are strict JSON); a
+# NaN one hits a NOT NULL column.
 BIG = 2**63 - 1
 SMALL = 2**31 - 1
 Time = Annotated[float, Field(allow_inf_nan=False, description="unix seconds")]
@@ -79,8 +80,8 @@ class MetricItem(MetricPoint):
     seq: int = Field(ge=1, le=BIG)
     replay: bool = Field(
         False,
-        description="re-sent from a rank's metrics journal after a failure: the server skips it when it already "
-        "holds a point with the same (step, name, rank)",
+        description="re-sent from a rank's metrics journal after a failure: "
+        "the server skips it when it already holds a point with the same (step, name, rank)",
     )
 
 
@@ -141,8 +142,9 @@ class VersionMismatch(RuntimeError):
 
 
 class DriverEnv(BaseSettings):
-    """The driver's environment: written by the control plane's launcher (`to_env`) into the Ray job's runtime_env,
-    read by `python -m workers.driver` (`DriverEnv()`). One model for both sides, so they cannot drift."""
+    """The driver's environment: written by the control plane's launcher (`to_env`) into the Ray
+    job's runtime_env, read by `python -m workers.driver` (`DriverEnv()`). One model for both sides,
+    so they cannot drift."""
 
     model_config = SettingsConfigDict(env_prefix="RINGTRAIN_", extra="ignore")
 
@@ -165,8 +167,8 @@ class DriverEnv(BaseSettings):
     delivered_through: int = Field(
         0,
         ge=0,
-        description="the control plane holds every point of steps <= this (a resubmitted driver replays "
-        "later ones from the metrics journal)",
+        description="the control plane holds every point of steps <= this "
+        "(a resubmitted driver replays later ones from the metrics journal)",
     )
 
     control_plane_version: str = Field(

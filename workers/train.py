@@ -1,11 +1,12 @@
 """Training without Ray or the service, for debugging and for clusters run by other launchers.
 
-    torchrun --nproc-per-node N -m workers.train SPEC.yaml [--steps K] [--metrics-jsonl PATH] [--checkpoint-dir DIR]
+    torchrun --nproc-per-node N -m workers.train SPEC.yaml [--steps K] [--metrics-jsonl PATH]
+        [--checkpoint-dir DIR]
 
-N must equal data_parallel × ring_size × ulysses_size × tensor_size. Rendezvous comes from torchrun's
-environment (env://); the backend is nccl when CUDA is available, else gloo. Each metric point
-becomes one JSON line {"step", "name", "value", "rank"?}: every rank appends to PATH when given
-(its per-rank points included), otherwise rank 0 prints to stdout.
+N must equal data_parallel × ring_size × ulysses_size × tensor_size. Rendezvous comes from
+torchrun's environment (env://); the backend is nccl when CUDA is available, else gloo. Each metric
+point becomes one JSON line {"step", "name", "value", "rank"?}: every rank appends to PATH when
+given (its per-rank points included), otherwise rank 0 prints to stdout.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""The rank actor: one per placement-group bundle, runs `workers.training.trainer.run_training` for one rank.
+"""The rank actor: one per placement-group bundle, runs `workers.training.trainer.run_training` for
+one rank.
 
-It is a threaded actor (`max_concurrency`): `train()` occupies one thread for the whole run while the driver calls
-`drain_metrics()` / `request_stop()` from others, so metrics stream out and a stop request lands while training
-runs. torch is imported lazily so that reporting the actor's location (the first thing the driver asks) is cheap.
+It is a threaded actor (`max_concurrency`): `train()` occupies one thread for the whole run while
+the driver calls `drain_metrics()` / `request_stop()` from others, so metrics stream out and a stop
+request lands while training runs. torch is imported lazily so that reporting the actor's location
+(the first thing the driver asks) is cheap.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class RankResult:
 
 
 class RankActor:
-    """Plain class; `ray.remote(...)(RankActor).options(...)` makes the actor (see `remote_rank_actor`)."""
+    """Plain class; `ray.remote(...)(RankActor).options(...)` makes the actor (see
+    `remote_rank_actor`)."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
@@ -58,7 +61,7 @@ class RankActor:
         self._rank: int | None = None
         self._device: str = "cpu"
 
-    # -- where am I --------------------------------------------------------------------------------------------
+    # -- where am I --------------------------------------------------------------------------------
     def info(self) -> RankInfo:
         ctx = ray.get_runtime_context()
         gpu_ids = tuple(str(g) for g in ctx.get_accelerator_ids().get("GPU", []))
@@ -70,7 +73,7 @@ class RankActor:
             s.bind(("", 0))
             return int(s.getsockname()[1])
 
-    # -- process group -------------------------------------------------------------------------------------------
+    # -- process group -----------------------------------------------------------------------------
     def setup(
         self,
         *,
@@ -85,9 +88,11 @@ class RankActor:
         backend: str,
         timeout_s: float = 300.0,
     ) -> str:
-        """Set visible devices and join the default process group (collective: all ranks call it concurrently)."""
+        """Set visible devices and join the default process group (collective: all ranks call it
+        concurrently)."""
         if visible_devices:
-            # Before torch touches CUDA: the node's union of this job's GPUs, so `cuda:local_rank` is our GPU.
+            # Before torch touches CUDA: the node's union of this job's GPUs, so `cuda:local_rank`
+            # is our GPU.
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices)
         os.environ.update(
             RANK=str(rank),
@@ -113,7 +118,7 @@ class RankActor:
         self._device = device
         return device
 
-    # -- training ------------------------------------------------------------------------------------------------
+    # -- training ----------------------------------------------------------------------------------
     def train(
         self,
         spec_json: str,
@@ -122,8 +127,8 @@ class RankActor:
         max_steps: int | None = None,
         lease: Lease | None = None,
     ) -> RankResult:
-        """Run training from the checkpoint at `resume_step` (0: from scratch) to the end or until stopped.
-        Exceptions propagate (the driver tells a dead peer from a raising rank)."""
+        """Run training from the checkpoint at `resume_step` (0: from scratch) to the end or until
+        stopped. Exceptions propagate (the driver tells a dead peer from a raising rank)."""
         import torch
 
         from workers.config import JobSpec
@@ -183,9 +188,10 @@ class RankActor:
 def _pin_socket_interface(node_ip: str) -> None:
     """Make gloo and NCCL use the interface that carries this node's Ray address.
 
-    Unset, gloo binds to whatever the hostname resolves to, which is 127.0.0.1 in many containers (and in network
-    namespaces): peers on other hosts are then told to dial loopback and the rendezvous fails. An explicit
-    setting (a fast-links overlay's NCCL_SOCKET_IFNAME, say) is kept."""
+    Unset, gloo binds to whatever the hostname resolves to, which is 127.0.0.1 in many containers
+    (and in network namespaces): peers on other hosts are then told to dial loopback and the
+    rendezvous fails. An explicit setting (a fast-links overlay's NCCL_SOCKET_IFNAME, say) is
+    kept."""
     import psutil
 
     if os.environ.get("GLOO_SOCKET_IFNAME") and os.environ.get("NCCL_SOCKET_IFNAME"):
@@ -207,7 +213,8 @@ def remote_rank_actor(
     name: str | None = None,
     namespace: str | None = None,
 ) -> Any:
-    """Start one RankActor scheduled into its bundle (not restarted by Ray: the driver owns recovery)."""
+    """Start one RankActor scheduled into its bundle (not restarted by Ray: the driver owns
+    recovery)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     cls = ray.remote(RankActor)

@@ -1,12 +1,17 @@
 """The per-job driver (`python -m workers.driver`), started by the control plane as a Ray job.
 
 Why it lives on the cluster: a job survives control-plane restarts (ARCHITECTURE.md). The parts:
-`reservation` (placement group, rank actors, rank order, rendezvous), `forwarding` (metric points to the control
-plane through `reporter`), `recovery` (the one resume decision), and here the state machine that ties them:
+`reservation` (placement group, rank actors, rank order, rendezvous), `forwarding` (metric points to
+the control plane through `reporter`), `recovery` (the one resume decision), and here the state
+machine that ties them:
 
     PLACING → RUNNING → SUCCEEDED
-       ↑         └──── a rank lost → RETRYING (resume from the newest checkpoint, up to max_restarts) ──┘
-    any other failure → FAILED with the message;  SIGTERM (Ray job stop) → CANCELLED, actors and group released.
+       ↑         │ a rank lost
+       │         ↓
+       └──── RETRYING (resume from the newest checkpoint, up to max_restarts)
+
+    any other failure → FAILED with the message;
+    SIGTERM (Ray job stop) → CANCELLED, actors and group released.
 
 No path waits forever. The environment it starts with is `workers.protocol.DriverEnv`.
 """
@@ -89,13 +94,14 @@ class JobDriver:
         return self.cancel.is_set()
 
     def resume(self) -> ResumePlan:
-        """Take the checkpoint directory (fencing off any cut-off ranks of earlier attempts), replay what the control
-        plane lacks up to the newest checkpoint, and continue from that checkpoint."""
+        """Take the checkpoint directory (fencing off any cut-off ranks of earlier attempts), replay
+        what the control plane lacks up to the newest checkpoint, and continue from that
+        checkpoint."""
         self.lease = Lease.take(self.env.checkpoint_dir, f"d{self.env.attempt}-r{self.restarts}")
         plan = plan_resume(self.env.checkpoint_dir, self.delivered)
         log.info(
-            "resuming from the checkpoint at step %d; replaying %d point(s) from the metrics journal "
-            "(delivered through %s)",
+            "resuming from the checkpoint at step %d; replaying %d point(s) from the metrics "
+            "journal (delivered through %s)",
             plan.step,
             len(plan.replay),
             self.delivered.summary(),
@@ -107,9 +113,10 @@ class JobDriver:
     def run(self) -> int:
         """Returns the process exit code: 0 for SUCCEEDED/CANCELLED, 1 for FAILED."""
         plan = self.resume()
-        # A driver that is not the job's first run says where it resumes in its first report, so the earlier run's
-        # later points go: a resubmitted driver (attempt > 0), or this attempt started again by KubeRay after
-        # Kueue preempted it before its first checkpoint (its metrics journal is already there).
+        # A driver that is not the job's first run says where it resumes in its first report, so the
+        # earlier run's later points go: a resubmitted driver (attempt > 0), or this attempt started
+        # again by KubeRay after Kueue preempted it before its first checkpoint (its metrics journal
+        # is already there).
         first_resume: int | None = (
             plan.step if (plan.step or self.env.attempt or plan.ran_before) else None
         )
@@ -139,7 +146,10 @@ class JobDriver:
                     )
                 self.restarts += 1
                 plan = self.resume()
-                reason = f"{e}; restart {self.restarts}/{self.spec.max_restarts}, resuming from step {plan.step}"
+                reason = (
+                    f"{e}; restart {self.restarts}/{self.spec.max_restarts}, "
+                    f"resuming from step {plan.step}"
+                )
                 log.warning(reason)
                 self.reporter.state(
                     JobState.RETRYING,
@@ -259,7 +269,8 @@ class JobDriver:
         return False
 
     def _stop_gracefully(self) -> None:
-        """Ask ranks to stop (they finish the step and checkpoint), wait briefly, then release everything."""
+        """Ask ranks to stop (they finish the step and checkpoint), wait briefly, then release
+        everything."""
         g = self.group
         if g is not None and g.actors and g.assignments:
             try:
@@ -329,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum: int, frame: FrameType | None) -> None:
         cancel.set()
 
-    # Before ray.init too (a stop during connect still ends as CANCELLED), and again after it: ray.init installs
-    # its own SIGTERM handler, which would just sys.exit() and leave the job without a final state.
+    # Before ray.init too (a stop during connect still ends as CANCELLED), and again after it:
+    # ray.init installs its own SIGTERM handler, which would just sys.exit() and leave the job
+    # without a final state.
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     reporter = Reporter(env.control_url, env.job_id, env.ingest_token)
@@ -389,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         delivered = reporter.close(timeout_s=5.0 if cancel.is_set() else 30.0)
         if not delivered:
             print(
-                f"warning: {reporter.pending()} report item(s) not delivered: {reporter.last_error}",
+                f"warning: {reporter.pending()} report item(s) not delivered: "
+                f"{reporter.last_error}",
                 flush=True,
             )
         with contextlib.suppress(Exception):

@@ -1,7 +1,9 @@
-"""Moving metric points from the rank actors' buffers to the control plane, in step order, once each.
+"""Moving metric points from the rank actors' buffers to the control plane, in step order, once
+each.
 
-Global points come from rank 0 only, per-rank points (mem_peak_bytes, ...) from each rank. Every forwarded
-point is recorded in `Delivered`, the watermark the resume decision uses (`workers.orchestration.recovery`).
+Global points come from rank 0 only, per-rank points (mem_peak_bytes, ...) from each rank. Every
+forwarded point is recorded in `Delivered`, the watermark the resume decision uses
+(`workers.orchestration.recovery`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ class MetricForwarder:
             self.delivered.record(p)
 
     def drain(self, group: RankGroup, *, tolerate_dead: bool = False) -> None:
-        """Forward what every rank buffers. A dead rank raises RankLost, after the live ranks' points went out
-        (their buffers are drained already); with `tolerate_dead` it is skipped."""
+        """Forward what every rank buffers. A dead rank raises RankLost, after the live ranks'
+        points went out (their buffers are drained already); with `tolerate_dead` it is skipped."""
         refs = [a.drain_metrics.remote() for a in group.ranked_actors()]
         points: list[tuple[int, int, int, MetricPoint]] = []
         lost: RankLost | None = None

@@ -1,12 +1,14 @@
-"""The one resume decision: after a lost rank, or in a driver resubmitted after its predecessor died.
+"""The one resume decision: after a lost rank, or in a driver resubmitted after its predecessor
+died.
 
-Two facts decide it. The checkpoints on disk: training always continues from the newest complete one (never a
-checkpoint deleted to steer it). And `Delivered`, the watermark of what the control plane holds or will hold:
-the driver records every point it forwards, and a resubmitted driver starts from the control plane's own count.
-Points between the watermark and the checkpoint were emitted by ranks that are gone; every rank wrote them to its
-metrics journal before emitting them (`workers.training.journal`), and a checkpoint at step k implies all points
-of steps ≤ k were emitted, so the plan replays them from there. Replays are flagged: the control plane skips
-the ones it already holds, so the watermark only has to be a lower bound. Points after the checkpoint are
+Two facts decide it. The checkpoints on disk: training always continues from the newest complete one
+(never a checkpoint deleted to steer it). And `Delivered`, the watermark of what the control plane
+holds or will hold: the driver records every point it forwards, and a resubmitted driver starts from
+the control plane's own count. Points between the watermark and the checkpoint were emitted by ranks
+that are gone; every rank wrote them to its metrics journal before emitting them
+(`workers.training.journal`), and a checkpoint at step k implies all points of steps ≤ k were
+emitted, so the plan replays them from there. Replays are flagged: the control plane skips the ones
+it already holds, so the watermark only has to be a lower bound. Points after the checkpoint are
 superseded by the state report that carries `resume_step` and are computed again.
 """
 
@@ -21,10 +23,11 @@ from workers.training.journal import read_journal
 
 
 class Delivered:
-    """Per series (the global one, rank None, and each rank's own): every point of steps ≤ `through` is delivered.
+    """Per series (the global one, rank None, and each rank's own): every point of
+    steps ≤ `through` is delivered.
 
-    A series' newest forwarded step may be incomplete (a drain can fall between two points of one step), so
-    recording a point of step s only vouches for steps < s."""
+    A series' newest forwarded step may be incomplete (a drain can fall between two points of one
+    step), so recording a point of step s only vouches for steps < s."""
 
     def __init__(self, world: int, through: int = 0) -> None:
         self.world = world

@@ -1,21 +1,26 @@
 """The driver's report channel to the control plane: `POST {control_url}/v1/jobs/{job_id}/report`.
 
 Why it looks like this:
-* Training must never wait for the control plane. `state()/metric()/log()` only append to an in-memory queue;
-  a background thread POSTs batches and retries with capped exponential backoff while the API is unreachable.
-* Sequence numbers are given when an item moves into the in-flight window, and the window keeps its numbers
-  until the server's `ReportAck.acked_seq` covers them, so a batch whose response was lost is sent again
-  unchanged (the server ignores seq ≤ its high-water mark: idempotent).
-* The first request is a handshake (an empty batch): its ack is the server's high-water mark for the job, and
-  numbering continues from there. So a re-submitted driver (a later attempt of the same job) never has its items
-  silently ignored as duplicates of the previous driver's.
-* A 409 (gap) carries the server's `acked_seq`: items up to it are dropped, the rest resent from there (if the
-  server lost items we still held numbered above a gap, they are renumbered rather than retried forever).
-* The queue is bounded: when full, new metric/log items are dropped (counted, and announced by a log line once
-  there is room again); state items are never dropped. Unnumbered items never leave a gap in the sequence.
-* `close()` flushes with a bounded wait, so a driver exits promptly even when the control plane is gone.
-* A 409 `job_ended` means the job is terminal on the control plane (its token no longer reports): everything
-  unsent is dropped and nothing more is queued, so the driver does not retry what can never be accepted.
+* Training must never wait for the control plane. `state()/metric()/log()` only append to an
+  in-memory queue; a background thread POSTs batches and retries with capped exponential backoff
+  while the API is unreachable.
+* Sequence numbers are given when an item moves into the in-flight window, and the window keeps its
+  numbers until the server's `ReportAck.acked_seq` covers them, so a batch whose response was lost
+  is sent again unchanged (the server ignores seq ≤ its high-water mark: idempotent).
+* The first request is a handshake (an empty batch): its ack is the server's high-water mark for the
+  job, and numbering continues from there. So a re-submitted driver (a later attempt of the same
+  job) never has its items silently ignored as duplicates of the previous driver's.
+* A 409 (gap) carries the server's `acked_seq`: items up to it are dropped, the rest resent from
+  there (if the server lost items we still held numbered above a gap, they are renumbered rather
+  than retried forever).
+* The queue is bounded: when full, new metric/log items are dropped (counted, and announced by a log
+  line once there is room again); state items are never dropped. Unnumbered items never leave a gap
+  in the sequence.
+* `close()` flushes with a bounded wait, so a driver exits promptly even when the control plane is
+  gone.
+* A 409 `job_ended` means the job is terminal on the control plane (its token no longer reports):
+  everything unsent is dropped and nothing more is queued, so the driver does not retry what can
+  never be accepted.
 """
 
 from __future__ import annotations
@@ -89,7 +94,7 @@ class Reporter:
         self._thread = threading.Thread(target=self._run, name="ringtrain-reporter", daemon=True)
         self._thread.start()
 
-    # -- producer side: never touches the network -------------------------------------------------------------
+    # -- producer side: never touches the network --------------------------------------------------
     def _enqueue(self, factory: _Factory, droppable: bool) -> bool:
         with self._cond:
             if self.ended:
@@ -133,8 +138,8 @@ class Reporter:
         )
 
     def metric(self, point: MetricPoint, *, replay: bool = False) -> bool:
-        """Queue a point; `replay`: re-sent after a failure (the server skips it if it already holds it).
-        Replays are never dropped: they are what a retry must not lose."""
+        """Queue a point; `replay`: re-sent after a failure (the server skips it if it already holds
+        it). Replays are never dropped: they are what a retry must not lose."""
         data = point.model_dump()
         return self._enqueue(
             lambda s: MetricItem(seq=s, replay=replay, **data), droppable=not replay
@@ -150,7 +155,7 @@ class Reporter:
         with self._cond:
             return len(self._queue) + len(self._window)
 
-    # -- sender thread -------------------------------------------------------------------------------------------
+    # -- sender thread -----------------------------------------------------------------------------
     def _run(self) -> None:
         send = tenacity.Retrying(
             wait=tenacity.wait_exponential(
@@ -228,8 +233,9 @@ class Reporter:
         return True
 
     def _refused(self, batch: list[ReportItemT], resp: httpx.Response) -> bool:
-        """The server rejects the batch itself (too large, or an item it cannot accept): halve the batch until a
-        single item is refused, then drop that item and renumber the rest so the sequence stays gap-free."""
+        """The server rejects the batch itself (too large, or an item it cannot accept): halve the
+        batch until a single item is refused, then drop that item and renumber the rest so the
+        sequence stays gap-free."""
         if len(batch) > 1:
             self._limit = max(1, len(batch) // 2)
             return True
@@ -291,7 +297,7 @@ class Reporter:
         self.last_error = msg
         return False
 
-    # -- shutdown --------------------------------------------------------------------------------------------------
+    # -- shutdown ----------------------------------------------------------------------------------
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything queued so far is acknowledged (or the timeout passes)."""
         deadline = time.monotonic() + timeout_s
@@ -305,7 +311,7 @@ class Reporter:
         return True
 
     def close(self, timeout_s: float = 10.0) -> bool:
-        """Flush with a bounded wait, then stop the sender. Returns whether everything was delivered."""
+        """Flush with a bounded wait, then stop the sender. Returns whether all was delivered."""
         delivered = self.flush(timeout_s)
         with self._cond:
             self._closing = True

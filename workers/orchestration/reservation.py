@@ -1,8 +1,9 @@
-"""Reserving a job's ranks on Ray: one placement group, one rank actor per bundle, ranks ordered by where they landed.
+"""Reserving a job's ranks on Ray: one placement group, one rank actor per bundle, ranks ordered by
+where they landed.
 
-`reserve` returns a `RankGroup`; `init_group` joins its ranks into one torch.distributed group. Both turn a dead
-actor or node into `RankLost` (the driver's recovery retries those) and check for cancellation while they wait,
-so no wait is unbounded.
+`reserve` returns a `RankGroup`; `init_group` joins its ranks into one torch.distributed group. Both
+turn a dead actor or node into `RankLost` (the driver's recovery retries those) and check for
+cancellation while they wait, so no wait is unbounded.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class PlacementTimeout(Exception):
 
 
 class RankLost(Exception):
-    """A rank actor or its node died: recoverable by re-reserving and resuming from the checkpoint."""
+    """A rank actor or its node died: recoverable by re-reserving and resuming from the
+    checkpoint."""
 
 
 def lost_errors() -> tuple[type[BaseException], ...]:
@@ -146,11 +148,12 @@ def reserve(
     cancelled: Callable[[], bool] = lambda: False,
     actor_start_timeout_s: float = 300.0,
 ) -> RankGroup:
-    """Reserve the placement group, start one actor per bundle, read their locations and order the ranks.
+    """Reserve the placement group, start one actor per bundle, read their locations and order the
+    ranks.
 
-    `gpu`: one GPU per rank (None: decide from the spec and the cluster). `on_waiting(reason)` is called once
-    before waiting for the group (the PLACING reason). Raises PlacementTimeout, Cancelled or RankLost; releases
-    whatever it created when it raises.
+    `gpu`: one GPU per rank (None: decide from the spec and the cluster). `on_waiting(reason)` is
+    called once before waiting for the group (the PLACING reason). Raises PlacementTimeout,
+    Cancelled or RankLost; releases whatever it created when it raises.
     """
     dims = ParallelDims.of(spec.parallel)
     world, units, per_unit = dims.world_size, dims.placement_units, dims.tensor_size
@@ -207,7 +210,8 @@ def reserve(
 
 
 def init_group(group: RankGroup, cancelled: Callable[[], bool], timeout_s: float = 300.0) -> None:
-    """Rendezvous: rank 0 picks a free port on its node; every rank joins the default process group."""
+    """Rendezvous: rank 0 picks a free port on its node; every rank joins the default process
+    group."""
     rank0 = group.assignments[0]
     port = ray_get([group.actor(0).free_port.remote()], 60, cancelled)[0]
     refs = [
