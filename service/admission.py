@@ -1,23 +1,26 @@
-"""Admission: which queued jobs start now, and why the others wait. Pure functions over plain data (unit-tested).
+"""Admission: which queued jobs start now, and why the others wait. Pure functions over plain data
+(unit-tested).
 
-Why in the control plane and not in Ray: a queued job must hold nothing (no placement group, no driver), survive a
-control-plane restart (the queue is the store's QUEUED rows) and obey per-owner quotas that Ray does not know about.
-The scheduler (`service.controller`) calls `decide` on every pass with the queued jobs, the jobs already admitted,
-the cluster's free capacity per node and the quotas; it submits the drivers of `Decision.start` and stores each
-waiting job's `queue_position` and reason.
+Why in the control plane and not in Ray: a queued job must hold nothing (no placement group, no
+driver), survive a control-plane restart (the queue is the store's QUEUED rows) and obey per-owner
+quotas that Ray does not know about. The scheduler (`service.controller`) calls `decide` on every
+pass with the queued jobs, the jobs already admitted, the cluster's free capacity per node and the
+quotas; it submits the drivers of `Decision.start` and stores each waiting job's `queue_position`
+and reason.
 
 The rules, in order:
 1. Queue order: higher `priority` first, then submission time (then id, so the order is total).
-2. Quotas (`RINGTRAIN_QUOTAS`): a job whose owner would go over `max_running_jobs`, `max_cpus` or `max_gpus` with it
-   is skipped — it keeps its place but blocks nobody else.
+2. Quotas (`RINGTRAIN_QUOTAS`): a job whose owner would go over `max_running_jobs`, `max_cpus` or
+   `max_gpus` with it is skipped — it keeps its place but blocks nobody else.
 3. Capacity: a job starts when its ranks fit the free capacity now, node by node (one bundle per
    rank or per tensor group, counted per node by `workers.parallel_dims.bundles_per_node`, as the
-   driver reserves them):
-   the lower of Ray's free figure and ringtrain's own ledger (`free_nodes`), so neither Ray's
-   reporting lag nor a job admitted a moment ago over-commits the cluster; each admission in a pass takes its share.
-4. No starvation: a job that cannot fit lets later (smaller) jobs start past it — until it has waited
-   `reserve_after_s`. From then on it *reserves*: nothing behind it starts until it has started, so capacity freed by
-   finishing jobs accumulates for it. (Priority stays strict: a job of higher priority is ahead of it, not behind.)
+   driver reserves them): the lower of Ray's free figure and ringtrain's own ledger (`free_nodes`),
+   so neither Ray's reporting lag nor a job admitted a moment ago over-commits the cluster; each
+   admission in a pass takes its share.
+4. No starvation: a job that cannot fit lets later (smaller) jobs start past it — until it has
+   waited `reserve_after_s`. From then on it *reserves*: nothing behind it starts until it has
+   started, so capacity freed by finishing jobs accumulates for it. (Priority stays strict: a job of
+   higher priority is ahead of it, not behind.)
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from workers.parallel_dims import ParallelDims, bundles_per_node, resolve_accele
 
 
 class Quota(BaseModel):
-    """One owner's limits on jobs admitted at once (PLACING, RUNNING, RETRYING); unset = unlimited."""
+    """One owner's limits on jobs admitted at once (PLACING, RUNNING, RETRYING); unset =
+    unlimited."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -44,9 +48,10 @@ class Quota(BaseModel):
 
 
 class NodeShape(BaseModel):
-    """A node the cluster's autoscaler may add (`RINGTRAIN_AUTOSCALER_NODES`): a worker group's pod resources and its
-    `maxReplicas`. Counted as free capacity so that a job waiting for it is admitted: its driver's pending placement
-    group is the demand Ray's autoscaler acts on (a queued job holds nothing, so it would never be seen)."""
+    """A node the cluster's autoscaler may add (`RINGTRAIN_AUTOSCALER_NODES`): a worker group's pod
+    resources and its `maxReplicas`. Counted as free capacity so that a job waiting for it is
+    admitted: its driver's pending placement group is the demand Ray's autoscaler acts on (a queued
+    job holds nothing, so it would never be seen)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -57,7 +62,8 @@ class NodeShape(BaseModel):
 
 
 def with_autoscaler(cluster: ClusterInfo, shapes: Sequence[NodeShape]) -> ClusterInfo:
-    """The cluster plus, per shape, the nodes of that shape the autoscaler may still add (idle, not alive yet)."""
+    """The cluster plus, per shape, the nodes of that shape the autoscaler may still add (idle, not
+    alive yet)."""
     extra = []
     for i, shape in enumerate(shapes):
         have = sum(
@@ -76,7 +82,8 @@ def with_autoscaler(cluster: ClusterInfo, shapes: Sequence[NodeShape]) -> Cluste
 
 @dataclass(frozen=True)
 class Demand:
-    """What a job reserves: `bundles` bundles of `cpus_per_bundle` CPUs (+ `gpus_per_bundle` GPUs), one per rank."""
+    """What a job reserves: `bundles` bundles of `cpus_per_bundle` CPUs (+ `gpus_per_bundle` GPUs),
+    one per rank."""
 
     bundles: int
     cpus_per_bundle: float
@@ -136,8 +143,9 @@ def fits(d: Demand, nodes: Sequence[Free]) -> bool:
 
 
 def take(d: Demand, nodes: list[Free]) -> None:
-    """Charge the job's bundles to the nodes with the most room first (Ray's PACK fills few nodes); partially when
-    the job does not fit (its placement is pending somewhere: whatever is left is still spoken for)."""
+    """Charge the job's bundles to the nodes with the most room first (Ray's PACK fills few nodes);
+    partially when the job does not fit (its placement is pending somewhere: whatever is left is
+    still spoken for)."""
     left = d.bundles
     for n in sorted(nodes, key=lambda n: (-n.holds(d), n.node_id)):
         k = min(n.holds(d), left)
@@ -153,11 +161,12 @@ def free_nodes(
     placed: Sequence[tuple[str, Demand, int]] = (),
     pending: Sequence[Demand] = (),
 ) -> list[Free]:
-    """Free capacity per alive node: the lower of two views. Ray's own figure (which sees every user of the cluster,
-    but lags a placement group by a second or two) and ringtrain's ledger: the node's total less the bundles of jobs
-    known to run there (`placed`: node id, demand, ranks there) and less admitted jobs not placed yet (`pending`,
-    charged where they most likely land). Charging pending jobs to the ledger only, never to Ray's figure, counts a
-    job whose placement group Ray already shows once, not twice."""
+    """Free capacity per alive node: the lower of two views. Ray's own figure (which sees every user
+    of the cluster, but lags a placement group by a second or two) and ringtrain's ledger: the
+    node's total less the bundles of jobs known to run there (`placed`: node id, demand, ranks
+    there) and less admitted jobs not placed yet (`pending`, charged where they most likely land).
+    Charging pending jobs to the ledger only, never to Ray's figure, counts a job whose placement
+    group Ray already shows once, not twice."""
     claimed: dict[str, list[float]] = {}
     for node_id, d, ranks in placed:
         c = claimed.setdefault(node_id, [0.0, 0.0])
@@ -191,7 +200,8 @@ class Queued:
 
 @dataclass(frozen=True)
 class Admitted:
-    """A job that holds (or is about to hold) capacity: its owner's usage counts against the quota."""
+    """A job that holds (or is about to hold) capacity: its owner's usage counts against the
+    quota."""
 
     job_id: str
     owner: str
@@ -221,9 +231,15 @@ def quota_block(
     if quota.max_running_jobs is not None and jobs + 1 > quota.max_running_jobs:
         return f"owner {owner!r} is at its quota of {quota.max_running_jobs} running job(s)"
     if quota.max_cpus is not None and cpus + d.cpus > quota.max_cpus + 1e-9:
-        return f"owner {owner!r} would use {cpus + d.cpus:g} CPUs, over its quota of {quota.max_cpus:g} ({cpus:g} used)"
+        return (
+            f"owner {owner!r} would use {cpus + d.cpus:g} CPUs, "
+            f"over its quota of {quota.max_cpus:g} ({cpus:g} used)"
+        )
     if quota.max_gpus is not None and gpus + d.gpus > quota.max_gpus + 1e-9:
-        return f"owner {owner!r} would use {gpus + d.gpus:g} GPUs, over its quota of {quota.max_gpus:g} ({gpus:g} used)"
+        return (
+            f"owner {owner!r} would use {gpus + d.gpus:g} GPUs, "
+            f"over its quota of {quota.max_gpus:g} ({gpus:g} used)"
+        )
     return None
 
 
@@ -241,13 +257,14 @@ def decide(
     now: float,
     reserve_after_s: float,
 ) -> Decision:
-    """Which queued jobs start now (in order) and, for the rest, their 1-based queue position and the reason.
+    """Which queued jobs start now (in order) and, for the rest, their 1-based queue position and
+    the reason.
 
-    `free` is the free capacity per node after charging admitted jobs whose placement Ray may not show yet; it is
-    consumed as jobs are admitted; None when every job brings its own cluster (Kueue mode: the queue system in
-    front of the cluster holds the quota, so only `total` and the owners' quotas hold a job here). `total` is every
-    alive node's whole capacity: a job larger than that (the
-    cluster shrank after it was accepted) waits in `Decision.too_big`, never reserving."""
+    `free` is the free capacity per node after charging admitted jobs whose placement Ray may not
+    show yet; it is consumed as jobs are admitted; None when every job brings its own cluster (Kueue
+    mode: the queue system in front of the cluster holds the quota, so only `total` and the owners'
+    quotas hold a job here). `total` is every alive node's whole capacity: a job larger than that
+    (the cluster shrank after it was accepted) waits in `Decision.too_big`, never reserving."""
     usage: dict[str, tuple[int, float, float]] = {}
     for a in admitted:
         j, c, g = usage.get(a.owner, (0, 0.0, 0.0))
@@ -259,7 +276,10 @@ def decide(
         why = None
         if not fits(q.demand, total):
             room = sum(n.holds(q.demand) for n in total)
-            why = f"the whole cluster now has room for {room} of its {q.demand.describe()} (nodes lost?)"
+            why = (
+                f"the whole cluster now has room for {room} of its {q.demand.describe()} "
+                "(nodes lost?)"
+            )
             out.too_big.add(q.job_id)
         if why is None:
             why = quota_block(
@@ -267,8 +287,8 @@ def decide(
             )
         if why is None and reserving is not None:
             why = (
-                f"behind job {reserving.job_id}, which has waited over {reserve_after_s:g}s and reserves the capacity "
-                "that frees up"
+                f"behind job {reserving.job_id}, which has waited over {reserve_after_s:g}s "
+                "and reserves the capacity that frees up"
             )
         if why is None and free is not None and not fits(q.demand, free):
             room = sum(n.holds(q.demand) for n in free)

@@ -1,13 +1,15 @@
-"""A finished job's exported model (`<checkpoint dir>/<job>/model/`) as a list of downloadable files.
+"""A finished job's exported model (`<checkpoint dir>/<job>/model/`) as a list of downloadable
+files.
 
-The control plane reads the directory the trainer wrote (`Trainer.export` renames it into place, so it is
-complete whenever it exists). Only regular files are listed — never symlinks, so nothing outside the
-directory can be reached through one — and a download must name a listed file, which rules out `..`,
-absolute paths and links by construction.
+The control plane reads the directory the trainer wrote (`Trainer.export` renames it into place, so
+it is complete whenever it exists). Only regular files are listed — never symlinks, so nothing
+outside the directory can be reached through one — and a download must name a listed file, which
+rules out `..`, absolute paths and links by construction.
 
-SHA-256 of multi-GB weight files takes seconds, so hashes are cached: in memory, and in a manifest beside
-the model directory (`model.manifest.json`, written once, atomically) that survives restarts. An entry is
-reused only while the file's size and mtime are unchanged; a re-export replaces the files and is re-hashed.
+SHA-256 of multi-GB weight files takes seconds, so hashes are cached: in memory, and in a manifest
+beside the model directory (`model.manifest.json`, written once, atomically) that survives restarts.
+An entry is reused only while the file's size and mtime are unchanged; a re-export replaces the
+files and is re-hashed.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class ArtifactFile:
 
 
 def job_dir(checkpoint_dir: str | Path, job_id: str) -> Path:
-    """The job's directory, resolved the way the launcher resolves it for the driver (relative → cwd)."""
+    """The job's directory, resolved the way the launcher resolves it for the driver (relative →
+    cwd)."""
     base = Path(checkpoint_dir).expanduser()
     return (base if base.is_absolute() else Path.cwd() / base) / job_id
 
@@ -64,7 +67,8 @@ def _lock_for(path: Path) -> threading.Lock:
 
 
 def _regular_files(root: Path) -> list[tuple[str, os.stat_result]]:
-    """(relative POSIX name, lstat) of every regular file under root, sorted; symlinks are skipped."""
+    """(relative POSIX name, lstat) of every regular file under root, sorted; symlinks are
+    skipped."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
@@ -77,7 +81,8 @@ def _regular_files(root: Path) -> list[tuple[str, os.stat_result]]:
 
 
 def list_artifacts(model: Path) -> list[ArtifactFile]:
-    """The files of an exported model with size and SHA-256 (cached); ArtifactNotFound without a model."""
+    """The files of an exported model with size and SHA-256 (cached); ArtifactNotFound without a
+    model."""
     if not model.is_dir() or model.is_symlink():
         raise ArtifactNotFound("no exported model: a job's model is written when it succeeds")
     manifest_path = model.parent / MANIFEST
@@ -101,7 +106,8 @@ def list_artifacts(model: Path) -> list[ArtifactFile]:
 
 
 def resolve_artifact(model: Path, name: str) -> Path:
-    """The path of one listed file of the model; ArtifactNotFound for anything else (escapes included)."""
+    """The path of one listed file of the model; ArtifactNotFound for anything else (escapes
+    included)."""
     parts = PurePosixPath(name).parts
     if (
         not name

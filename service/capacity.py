@@ -1,14 +1,16 @@
-"""What the cluster *can* hold, not only what is up now: worker groups the autoscaler may grow, and the accelerator.
+"""What the cluster *can* hold, not only what is up now: worker groups the autoscaler may grow, and
+the accelerator.
 
-Why: a KubeRay GPU group scaled to zero shows no GPU to Ray, so a planner that reads only live nodes refuses every
-GPU job and no placement group ever asks the autoscaler for a node. The control plane therefore counts each worker
-group's `maxReplicas` × per-pod resources (`RINGTRAIN_AUTOSCALER_NODES`, one `NodeShape` per group; see
-`service.admission.with_autoscaler`) as capacity, and resolves `accelerator: auto` once, against that capacity, at
-submission: the spec stored with the job says `gpu` or `cpu`, so a resubmitted driver (a lost driver, a replaced
-head) never re-decides it on whatever nodes happen to be up.
+Why: a KubeRay GPU group scaled to zero shows no GPU to Ray, so a planner that reads only live nodes
+refuses every GPU job and no placement group ever asks the autoscaler for a node. The control plane
+therefore counts each worker group's `maxReplicas` × per-pod resources
+(`RINGTRAIN_AUTOSCALER_NODES`, one `NodeShape` per group; see `service.admission.with_autoscaler`)
+as capacity, and resolves `accelerator: auto` once, against that capacity, at submission: the spec
+stored with the job says `gpu` or `cpu`, so a resubmitted driver (a lost driver, a replaced head)
+never re-decides it on whatever nodes happen to be up.
 
-`shapes_from_raycluster` reads those shapes off a RayCluster object, so the setting can be checked against (or
-derived from) the manifest that defines the groups.
+`shapes_from_raycluster` reads those shapes off a RayCluster object, so the setting can be checked
+against (or derived from) the manifest that defines the groups.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ def _cpus(value: Any) -> float:
 
 
 def _group_resources(group: Mapping[str, Any]) -> tuple[float, float]:
-    """CPUs and GPUs one pod of the group gives Ray: `rayStartParams` win, else the container's limits (as KubeRay
-    derives them)."""
+    """CPUs and GPUs one pod of the group gives Ray: `rayStartParams` win, else the container's
+    limits (as KubeRay derives them)."""
     params = group.get("rayStartParams") or {}
     limits = (
         (group["template"]["spec"]["containers"][0].get("resources") or {}).get("limits")
@@ -75,8 +77,8 @@ def _group_resources(group: Mapping[str, Any]) -> tuple[float, float]:
 
 
 def shapes_from_raycluster(rc: Mapping[str, Any]) -> list[NodeShape]:
-    """One shape per worker group that can hold ranks (a group that advertises no CPU, such as the drivers' group,
-    holds none)."""
+    """One shape per worker group that can hold ranks (a group that advertises no CPU, such as the
+    drivers' group, holds none)."""
     out = []
     for g in rc["spec"].get("workerGroupSpecs", []):
         cpus, gpus = _group_resources(g)

@@ -1,22 +1,23 @@
 """Hands queued jobs to the launcher and reconciles the cluster's view with the store.
 
-- scheduler: QUEUED jobs wait in the admission queue (`service.admission`: priority, then submission time;
-  per-owner quotas; only what fits the cluster's free capacity now starts, so a queued job holds nothing — where
-  each job brings its own cluster (Kueue mode) every job that fits the total goes to Kueue at once) and
-  each waiting job's position and reason are stored; an admitted job (and an active job without a submission id:
-  its driver was lost, or the control plane crashed) is submitted with a fresh per-job ingest token; Ray
-  submission failures are retried with back-off, then the job FAILS with the launcher's message. A queued job the
-  whole cluster can no longer hold (nodes lost) waits `queue_shrink_grace_s` for them, then FAILS with that reason.
+- scheduler: QUEUED jobs wait in the admission queue (`service.admission`: priority, then submission
+  time; per-owner quotas; only what fits the cluster's free capacity now starts, so a queued job
+  holds nothing — where each job brings its own cluster (Kueue mode) every job that fits the total
+  goes to Kueue at once) and each waiting job's position and reason are stored; an admitted job (and
+  an active job without a submission id: its driver was lost, or the control plane crashed) is
+  submitted with a fresh per-job ingest token; Ray submission failures are retried with back-off,
+  then the job FAILS with the launcher's message. A queued job the whole cluster can no longer hold
+  (nodes lost) waits `queue_shrink_grace_s` for them, then FAILS with that reason.
 - reconciler: for every active job, polls `launcher.status`. A driver that ended without reporting a
-  terminal state (Ray SUCCEEDED/FAILED/STOPPED/UNKNOWN) ends the job FAILED (CANCELLED when a cancel was
-  requested) after `reconcile_grace_s`, so a final report still in flight wins; a driver that FAILED (crashed,
-  killed, its node lost) is resubmitted as the next attempt while the job has restarts left, and one Ray no
-  longer knows (a replaced head) without using a restart (RETRYING; the new
-  driver resumes from the last checkpoint and reports that step, which supersedes later points). A driver the
-  queue in front of the cluster took back (Kueue preemption) moves its job to RETRYING until the same submission
-  runs again. A cancel the driver never confirms is forced after `cancel_grace_s`. After a restart nothing special
-  is needed: running drivers keep reporting to the same URL with their token and the reconciler picks their jobs
-  up again.
+  terminal state (Ray SUCCEEDED/FAILED/STOPPED/UNKNOWN) ends the job FAILED (CANCELLED when a cancel
+  was requested) after `reconcile_grace_s`, so a final report still in flight wins; a driver that
+  FAILED (crashed, killed, its node lost) is resubmitted as the next attempt while the job has
+  restarts left, and one Ray no longer knows (a replaced head) without using a restart (RETRYING;
+  the new driver resumes from the last checkpoint and reports that step, which supersedes later
+  points). A driver the queue in front of the cluster took back (Kueue preemption) moves its job to
+  RETRYING until the same submission runs again. A cancel the driver never confirms is forced after
+  `cancel_grace_s`. After a restart nothing special is needed: running drivers keep reporting to the
+  same URL with their token and the reconciler picks their jobs up again.
 - replicas: only the leader (`service.leader`) runs these loops; `start(guard, acting)` runs every
   store write of theirs under the term's fence and checks `acting()` before each pass and each Ray
   submission, so a deposed leader stops before another replica starts. A driver a previous leader
@@ -119,10 +120,11 @@ class Controller:
 
     # ---- scheduling -----------------------------------------------------------------------------
     async def schedule_once(self) -> None:
-        """Admit what fits from the queue, and hand each admitted job without a driver to the launcher; each
-        submission is its own task, so one job's back-off delays no other."""
-        # Taken before the read: a submission that ends (and leaves `_submitting`) while the store is read shows
-        # up there without its submission id, and must not be handed to the launcher a second time.
+        """Admit what fits from the queue, and hand each admitted job without a driver to the
+        launcher; each submission is its own task, so one job's back-off delays no other."""
+        # Taken before the read: a submission that ends (and leaves `_submitting`) while the store
+        # is read shows up there without its submission id, and must not be handed to the launcher a
+        # second time.
         in_flight = set(self._submitting)
         active = await asyncio.to_thread(self.store.jobs.active)
         alive = {j.id for j in active}
@@ -153,7 +155,8 @@ class Controller:
         task.add_done_callback(functools.partial(self._submission_ended, job.id))
 
     async def _admit(self, queued: list[Job], admitted: list[Job]) -> None:
-        """One pass of the admission queue (`service.admission.decide`) against the cluster as Ray reports it now."""
+        """One pass of the admission queue (`service.admission.decide`) against the cluster as Ray
+        reports it now."""
         try:
             cluster = await asyncio.wait_for(asyncio.to_thread(self.launcher.cluster), timeout=10)
         except (
@@ -179,8 +182,8 @@ class Controller:
                 for p in job.placement:
                     per_node[str(p.get("node_id"))] = per_node.get(str(p.get("node_id")), 0) + 1
                 placed += [(nid, d, n) for nid, n in per_node.items()]
-            else:  # not placed yet (or not reported): charged to the ledger where it most likely lands
-                pending.append(d)
+            else:  # not placed yet (or not reported)
+                pending.append(d)  # charged to the ledger where it most likely lands
         free = None if cluster.per_job_clusters else admission.free_nodes(cluster, placed, pending)
         jobs = {j.id: j for j in queued}
         decision = admission.decide(
@@ -202,7 +205,8 @@ class Controller:
         await self._fail_too_big(decision, now)
 
     async def _resolve_accelerator(self, job_id: str, cluster: ClusterInfo) -> None:
-        """A job submitted while the cluster could not be read still says `auto`: decide it now, once, and store it."""
+        """A job submitted while the cluster could not be read still says `auto`: decide it now,
+        once, and store it."""
         spec = self._specs[job_id]
         resolved = capacity.resolve_accelerator(spec, cluster)
         if resolved is not spec:
@@ -216,7 +220,8 @@ class Controller:
         return admission.Queued(job.id, job.owner, job.priority, job.created_at, d)
 
     async def _fail_too_big(self, decision: admission.Decision, now: float) -> None:
-        """A queued job the cluster shrank under waits `queue_shrink_grace_s` for nodes to return, then fails."""
+        """A queued job the cluster shrank under waits `queue_shrink_grace_s` for nodes to return,
+        then fails."""
         for jid in list(self._too_big_since):
             if jid not in decision.too_big:
                 del self._too_big_since[jid]
@@ -374,8 +379,8 @@ class Controller:
                 await self._end(
                     job.id,
                     JobState.CANCELLED,
-                    f"cancel requested; the driver did not confirm within {self.settings.cancel_grace_s:g}s"
-                    f" (Ray status {info.status})",
+                    "cancel requested; the driver did not confirm within "
+                    f"{self.settings.cancel_grace_s:g}s (Ray status {info.status})",
                 )
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.launcher.stop, job.submission_id)
@@ -399,13 +404,20 @@ class Controller:
                     f"cancelled; driver ended (Ray status {info.status})",
                 )
             elif info.status == DriverStatus.UNKNOWN:
-                # The Ray head was replaced (a restarted `ringtrain serve` starts a fresh private head) or the
-                # job expired there: the checkpoints are still on disk, so the job continues from them.
-                reason = f"Ray does not know driver {job.submission_id} (the cluster was replaced or the job expired)"
+                # The Ray head was replaced (a restarted `ringtrain serve` starts a fresh private
+                # head) or the job expired there: the checkpoints are still on disk, so the job
+                # continues from them.
+                reason = (
+                    f"Ray does not know driver {job.submission_id} "
+                    "(the cluster was replaced or the job expired)"
+                )
                 if not await self._resubmit(job.id, job.submission_id, reason, counts=False):
                     await self._end(job.id, JobState.FAILED, reason + detail)
             else:
-                reason = f"the driver ended without reporting a final state (Ray status {info.status}{detail})"
+                reason = (
+                    "the driver ended without reporting a final state "
+                    f"(Ray status {info.status}{detail})"
+                )
                 if (
                     info.status == DriverStatus.FAILED
                 ):  # crashed or killed: its checkpoints are still there
@@ -418,9 +430,10 @@ class Controller:
                 await self._end(job.id, JobState.FAILED, reason)
 
     async def _preempted(self, job: Job, why: str) -> None:
-        """The queue in front of the cluster (Kueue) took a started driver's resources back; the submission stays.
-        Re-admitted, it starts this attempt's driver again (same ingest token), which resumes from the last
-        checkpoint and reports PLACING/RUNNING (allowed from RETRYING): no restart used, nothing resubmitted."""
+        """The queue in front of the cluster (Kueue) took a started driver's resources back; the
+        submission stays. Re-admitted, it starts this attempt's driver again (same ingest token),
+        which resumes from the last checkpoint and reports PLACING/RUNNING (allowed from RETRYING):
+        no restart used, nothing resubmitted."""
         live = {JobState.PLACING, JobState.RUNNING}
         if JobState(job.state) not in live:
             return
@@ -438,8 +451,9 @@ class Controller:
     async def _resubmit(
         self, job_id: str, submission_id: str, reason: str, *, counts: bool = True
     ) -> bool:
-        """A lost driver is a lost rank of a bigger kind: while restarts remain, RETRYING and a new driver (next
-        attempt) that resumes from the job's last checkpoint; it reports the step it resumes from."""
+        """A lost driver is a lost rank of a bigger kind: while restarts remain, RETRYING and a new
+        driver (next attempt) that resumes from the job's last checkpoint; it reports the step it
+        resumes from."""
         try:
             retry = self.store.jobs.retry_driver
             ok = await asyncio.to_thread(retry, job_id, submission_id, reason, counts=counts)

@@ -1,11 +1,12 @@
 """Prepared datasets on the cluster: a table of prepare runs and the Ray job that does each one.
 
-`POST /v1/datasets` stores a row QUEUED and submits `python -m workers.data.prepare ... --json-progress` as a
-Ray job through the Jobs API (like training drivers, so the control plane never imports the tokenizing code
-and a prepare outlives a control-plane restart). The prepare prints one JSON line per progress update and
-a final `{"dataset": ...}` line; `refresh` reads the job's status and log tail and writes what it says into
-the row. Reads refresh rows that are not finished, so no background loop is needed and any replica can
-serve them. States: QUEUED -> RUNNING -> SUCCEEDED | FAILED.
+`POST /v1/datasets` stores a row QUEUED and submits
+`python -m workers.data.prepare ... --json-progress` as a Ray job through the Jobs API (like
+training drivers, so the control plane never imports the tokenizing code and a prepare outlives a
+control-plane restart). The prepare prints one JSON line per progress update and a final
+`{"dataset": ...}` line; `refresh` reads the job's status and log tail and writes what it says into
+the row. Reads refresh rows that are not finished, so no background loop is needed and any replica
+can serve them. States: QUEUED -> RUNNING -> SUCCEEDED | FAILED.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class DatasetService:
         return JobSubmissionClient(address, headers=dict(headers or {}))
 
     def create(self, owner: str, req: PrepareRequest) -> dict[str, Any]:
-        """Store the row and submit its Ray job; a failed submission leaves a FAILED row saying why."""
+        """Store the row and submit its Ray job; a failed submission leaves a FAILED row saying
+        why."""
         now = time.time()
         dataset_id = "d" + secrets.token_hex(6)
         submission_id = f"ringtrain-dataset-{dataset_id}"

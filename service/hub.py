@@ -1,8 +1,9 @@
 """In-process fan-out of freshly committed job events to live subscribers (SSE streams).
 
-`publish` may be called from any thread (store writes run in worker threads); delivery happens on each
-subscriber's event loop. A subscriber that falls behind by more than `max_queue` events is marked
-`lagged` and its queue dropped: it must catch up from the store, which always holds everything.
+`publish` may be called from any thread (store writes run in worker threads); delivery happens on
+each subscriber's event loop. A subscriber that falls behind by more than `max_queue` events is
+marked `lagged` and its queue dropped: it must catch up from the store, which always holds
+everything.
 
 Replicas (several `ringtrain serve` on one PostgreSQL store): `Relay` tells the other replicas, by
 LISTEN/NOTIFY, "job J has new events through seq S" after each commit; on a replica that did not

@@ -1,16 +1,20 @@
-"""`Launcher` for Kueue mode: every job attempt is a KubeRay `RayJob` on its own ephemeral RayCluster.
+"""`Launcher` for Kueue mode: every job attempt is a KubeRay `RayJob` on its own ephemeral
+RayCluster.
 
-The RayJob is the overlay's template (ConfigMap `ringtrain-rayjob-template`, mounted as a file) with the job filled
-in: its name (the submission id), the Kueue priority class, the driver's environment and the gpu group's size. It is
-created suspended; Kueue admits it when its ClusterQueue's quota allows, KubeRay then starts the cluster and runs
-`python -m workers.driver`, which reports over HTTP exactly as on the shared cluster. The control plane only
-creates, reads and deletes RayJobs (namespace-scoped RBAC in the overlay).
+The RayJob is the overlay's template (ConfigMap `ringtrain-rayjob-template`, mounted as a file) with
+the job filled in: its name (the submission id), the Kueue priority class, the driver's environment
+and the gpu group's size. It is created suspended; Kueue admits it when its ClusterQueue's quota
+allows, KubeRay then starts the cluster and runs `python -m workers.driver`, which reports over HTTP
+exactly as on the shared cluster. The control plane only creates, reads and deletes RayJobs
+(namespace-scoped RBAC in the overlay).
 
-Why plain HTTP and not the `kubernetes` client: four REST calls on one resource, with the pod's service-account
-token and CA; the client library would be the largest dependency of the control plane for them.
+Why plain HTTP and not the `kubernetes` client: four REST calls on one resource, with the pod's
+service-account token and CA; the client library would be the largest dependency of the control
+plane for them.
 
-The ingest token travels in the RayJob's `runtimeEnvYAML`, readable by whoever may read RayJobs in the namespace.
-It only lets its holder report for that one job attempt (rotated per attempt, refused once the job ended).
+The ingest token travels in the RayJob's `runtimeEnvYAML`, readable by whoever may read RayJobs in
+the namespace. It only lets its holder report for that one job attempt (rotated per attempt, refused
+once the job ended).
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ class KubeAPIError(RuntimeError):
 
 @dataclass(frozen=True)
 class KubeAPI:
-    """Where the Kubernetes API is and how to authenticate: in a pod, its service account (`in_cluster`)."""
+    """Where the Kubernetes API is and how to authenticate: in a pod, its service account
+    (`in_cluster`)."""
 
     url: str
     token: str = ""
@@ -63,7 +68,8 @@ class KubeAPI:
             if not host:
                 raise RuntimeError(
                     "RINGTRAIN_KUBERAY_RAYJOB_TEMPLATE is set but this is not a Kubernetes pod "
-                    "(KUBERNETES_SERVICE_HOST unset): set RINGTRAIN_KUBERNETES_API to the API server's URL"
+                    "(KUBERNETES_SERVICE_HOST unset): "
+                    "set RINGTRAIN_KUBERNETES_API to the API server's URL"
                 )
             url = f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}"
         token = SERVICE_ACCOUNT / "token"
@@ -164,14 +170,15 @@ def rayjob_for(
 ) -> dict[str, Any]:
     """The RayJob that runs one attempt of `req` (a new object; the template is not changed).
 
-    The worker group is sized for the ring and nothing more: ⌈ranks ÷ GPUs per pod⌉ fixed replicas (Kueue admits
-    a fixed size), and a ring smaller than one pod asks for just the GPUs it uses, with the same
-    share of the pod's CPUs, memory and shared memory."""
+    The worker group is sized for the ring and nothing more: ⌈ranks ÷ GPUs per pod⌉ fixed
+    replicas (Kueue admits a fixed size), and a ring smaller than one pod asks for just the GPUs it
+    uses, with the same share of the pod's CPUs, memory and shared memory."""
     spec = req.spec
     name = submission_id_for(req.job_id, req.attempt).lower()
     if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
         raise ValueError(
-            f"job id {req.job_id!r} gives RayJob name {name!r}, not a DNS label of <= {MAX_NAME} chars"
+            f"job id {req.job_id!r} gives RayJob name {name!r}, "
+            f"not a DNS label of <= {MAX_NAME} chars"
         )
     job = copy.deepcopy(template)
     meta = job.setdefault("metadata", {})
@@ -199,7 +206,8 @@ def rayjob_for(
     per_pod = gpus if uses_gpu else math.floor(cpus / spec.resources.cpus_per_worker)
     if per_pod < 1:
         raise ValueError(
-            f"one rank needs {spec.resources.cpus_per_worker:g} CPUs; the template's worker pods give {cpus:g}"
+            f"one rank needs {spec.resources.cpus_per_worker:g} CPUs; "
+            f"the template's worker pods give {cpus:g}"
         )
     replicas = math.ceil(ranks / per_pod)
     group = body["rayClusterSpec"]["workerGroupSpecs"][0]
@@ -214,15 +222,18 @@ def rayjob_for(
 
 
 def status_of(rayjob: dict[str, Any]) -> DriverInfo:
-    """KubeRay's view of a RayJob as a driver status (`jobDeploymentStatus` is KubeRay's, `jobStatus` Ray's).
+    """KubeRay's view of a RayJob as a driver status (`jobDeploymentStatus` is KubeRay's,
+    `jobStatus` Ray's).
 
-    A RayJob suspended again after Kueue admitted it was preempted: KubeRay deletes its cluster (the driver dies
-    without a final report), resets `jobStatus` and goes `Suspending` → `Suspended`; on re-admission it starts a
-    new cluster and submits the same entrypoint and runtime env: the same attempt's driver, same ingest token.
-    Why `metadata.generation` tells the two suspended kinds apart: the API server bumps it for spec changes only
-    (not status, not metadata), the launcher creates the RayJob suspended and never changes its spec, and Kueue
-    admits by un-suspending it. So a suspended RayJob at generation > 1 was admitted before; KubeRay's status alone
-    reads the same either way (a never-admitted one also passes `Initializing` → `Suspending` → `Suspended`)."""
+    A RayJob suspended again after Kueue admitted it was preempted: KubeRay deletes its cluster (the
+    driver dies without a final report), resets `jobStatus` and goes `Suspending` → `Suspended`;
+    on re-admission it starts a new cluster and submits the same entrypoint and runtime env: the
+    same attempt's driver, same ingest token. Why `metadata.generation` tells the two suspended
+    kinds apart: the API server bumps it for spec changes only (not status, not metadata), the
+    launcher creates the RayJob suspended and never changes its spec, and Kueue admits by
+    un-suspending it. So a suspended RayJob at generation > 1 was admitted before; KubeRay's status
+    alone reads the same either way (a never-admitted one also passes
+    `Initializing` → `Suspending` → `Suspended`)."""
     st = rayjob.get("status") or {}
     deploy, ray_status = st.get("jobDeploymentStatus") or "", st.get("jobStatus") or ""
     why = ": ".join(x for x in (st.get("reason"), st.get("message")) if x)
@@ -234,7 +245,8 @@ def status_of(rayjob: dict[str, Any]) -> DriverInfo:
     if suspended and int((rayjob.get("metadata") or {}).get("generation") or 1) > 1:
         return DriverInfo(
             DriverStatus.PREEMPTED,
-            "preempted by Kueue (its RayJob was suspended again after admission, usually for a higher-priority job)",
+            "preempted by Kueue (its RayJob was suspended again after admission, "
+            "usually for a higher-priority job)",
         )
     if deploy == "Running" and ray_status == "RUNNING":
         return DriverInfo(DriverStatus.RUNNING, why)
@@ -278,7 +290,7 @@ class KubeRayJobLauncher:
             raise KubeAPIError(r.status_code, r.text)
         return r
 
-    # -- Launcher protocol --------------------------------------------------------------------------------------
+    # -- Launcher protocol -------------------------------------------------------------------------
     def submit(self, req: LaunchRequest) -> str:
         job = rayjob_for(self.template, req, python=self.python)
         self._call(
@@ -291,7 +303,8 @@ class KubeRayJobLauncher:
         return None if self.status(name).status == DriverStatus.UNKNOWN else name
 
     def stop(self, submission_id: str) -> None:
-        """Delete the RayJob: KubeRay deletes its cluster (and the driver with it); Kueue frees the quota."""
+        """Delete the RayJob: KubeRay deletes its cluster (and the driver with it); Kueue frees the
+        quota."""
         self._call(
             "DELETE",
             f"{self.path}/{submission_id}",
@@ -309,7 +322,8 @@ class KubeRayJobLauncher:
         return status_of(r.json())
 
     def logs(self, submission_id: str) -> str:
-        """The submitter's log (KubeRay's submitter Job has the RayJob's name): it follows the driver's output."""
+        """The submitter's log (KubeRay's submitter Job has the RayJob's name): it follows the
+        driver's output."""
         selector = {"labelSelector": f"job-name={submission_id}"}
         pods = self._call(
             "GET", f"/api/v1/namespaces/{self.namespace}/pods", (200,), params=selector
@@ -325,7 +339,8 @@ class KubeRayJobLauncher:
         return r.text if r.status_code == 200 else ""
 
     def cluster(self) -> ClusterInfo:
-        """No shared nodes: each job brings its own cluster, Kueue holds the quota (the control plane counts the
-        queue's size from `RINGTRAIN_AUTOSCALER_NODES`). Reading the RayJob list checks the API and the RBAC."""
+        """No shared nodes: each job brings its own cluster, Kueue holds the quota (the control
+        plane counts the queue's size from `RINGTRAIN_AUTOSCALER_NODES`). Reading the RayJob list
+        checks the API and the RBAC."""
         self._call("GET", self.path, (200,), params={"limit": 1})
         return ClusterInfo(nodes=[], per_job_clusters=True)

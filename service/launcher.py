@@ -15,7 +15,8 @@ from workers.config import JobSpec
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """Everything a driver needs. `ingest_token` authenticates its reports; never a user's API token."""
+    """Everything a driver needs. `ingest_token` authenticates its reports; never a user's API
+    token."""
 
     job_id: str
     spec: JobSpec
@@ -43,8 +44,9 @@ class DriverStatus(StrEnum):
     UNKNOWN = (
         "UNKNOWN"  # the submission id is not known to the cluster (e.g. the head was replaced)
     )
-    # Not Ray's: the queue system in front of the cluster (Kueue) took back the resources of a driver it had let
-    # start. The driver is gone, the submission is not: when admitted again, it starts the same attempt's driver.
+    # Not Ray's: the queue system in front of the cluster (Kueue) took back the resources of a
+    # driver it had let start. The driver is gone, the submission is not: when admitted again, it
+    # starts the same attempt's driver.
     PREEMPTED = "PREEMPTED"
 
     @property
@@ -81,13 +83,14 @@ class NodeInfo:
 @dataclass(frozen=True)
 class ClusterInfo:
     nodes: list[NodeInfo] = field(default_factory=list)
-    # Each job brings its own Ray cluster (Kueue mode): running jobs use up no shared capacity, and the queue
-    # system in front of the cluster (Kueue's quota) decides when a job starts.
+    # Each job brings its own Ray cluster (Kueue mode): running jobs use up no shared capacity, and
+    # the queue system in front of the cluster (Kueue's quota) decides when a job starts.
     per_job_clusters: bool = False
 
 
 class Launcher(Protocol):
-    # The PLACING reason once `submit` returned the submission id `{sid}`: where the driver is, what it waits for.
+    # The PLACING reason once `submit` returned the submission id `{sid}`: where the driver is, what
+    # it waits for.
     submitted: str
 
     def submit(self, req: LaunchRequest) -> str:

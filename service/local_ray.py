@@ -1,15 +1,17 @@
-"""A private, local Ray head for `ringtrain serve` (and the tests) when no `RINGTRAIN_RAY_ADDRESS` is given.
+"""A private, local Ray head for `ringtrain serve` (and the tests) when no `RINGTRAIN_RAY_ADDRESS`
+is given.
 
-Why a subprocess running `ray start --head --block` instead of `ray.init()`: the control plane must not hold a
-Ray driver (only the Jobs API), and a blocking `ray start` owns every Ray daemon it spawns,
-so SIGTERM to that one process tears the whole cluster down. Every port is chosen explicitly and the temp dir
-is unique, so this head is never auto-detected by, nor collides with, another Ray cluster on the same machine
-(`ray stop` is never used: it would kill everyone's clusters).
+Why a subprocess running `ray start --head --block` instead of `ray.init()`: the control plane must
+not hold a Ray driver (only the Jobs API), and a blocking `ray start` owns every Ray daemon it
+spawns, so SIGTERM to that one process tears the whole cluster down. Every port is chosen explicitly
+and the temp dir is unique, so this head is never auto-detected by, nor collides with, another Ray
+cluster on the same machine (`ray stop` is never used: it would kill everyone's clusters).
 
-Token authentication stays on: a fresh random token is written (0600) into the head's temp dir and the head is
-started with `RAY_AUTH_MODE=token` + `RAY_AUTH_TOKEN_PATH`; the daemons, job supervisors and job drivers inherit
-that environment, and HTTP clients send `Authorization: Bearer <token>` (see `LocalRayHead.headers`). Setting
-`RAY_AUTH_MODE=disabled` in the environment is the only way to turn it off, and that is logged loudly.
+Token authentication stays on: a fresh random token is written (0600) into the head's temp dir and
+the head is started with `RAY_AUTH_MODE=token` + `RAY_AUTH_TOKEN_PATH`; the daemons, job supervisors
+and job drivers inherit that environment, and HTTP clients send `Authorization: Bearer <token>` (see
+`LocalRayHead.headers`). Setting `RAY_AUTH_MODE=disabled` in the environment is the only way to turn
+it off, and that is logged loudly.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports (all bound at once so they differ; the OS may still hand one out later)."""
+    """n distinct free TCP ports (all bound at once so they differ; the OS may still hand one out
+    later)."""
     socks: list[socket.socket] = []
     try:
         for _ in range(n):
@@ -51,13 +54,15 @@ def free_ports(n: int) -> list[int]:
 
 
 def default_num_cpus() -> int:
-    """Logical CPUs to declare: more than the cores so that a 4-rank CPU ring (plus its driver) fits on a laptop."""
+    """Logical CPUs to declare: more than the cores so that a 4-rank CPU ring (plus its driver) fits
+    on a laptop."""
     return max(8, os.cpu_count() or 1)
 
 
 @dataclass
 class RayHead:
-    """How to reach a running Ray head: Jobs API URL, GCS address and the auth token (None = auth disabled)."""
+    """How to reach a running Ray head: Jobs API URL, GCS address and the auth token (None = auth
+    disabled)."""
 
     jobs_url: str
     gcs_address: str
@@ -72,7 +77,8 @@ class RayHead:
         return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
 
     def client_env(self) -> dict[str, str]:
-        """Environment a Ray driver process needs to `ray.init(address=gcs_address)` into this head."""
+        """Environment a Ray driver process needs to `ray.init(address=gcs_address)` into this
+        head."""
         if self.auth_token:
             return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token}
         return {"RAY_AUTH_MODE": "disabled"}
@@ -104,13 +110,14 @@ class LocalRayHead:
         self.head: RayHead | None = None
         self._log_file: Path | None = None
 
-    # -- lifecycle -------------------------------------------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> RayHead:
         if self.head is not None:
             return self.head
         env = dict(os.environ)
         env.update(self.extra_env)
-        # Never let this head pick up, or be picked up by, another local cluster through RAY_ADDRESS.
+        # Never let this head pick up, or be picked up by, another local cluster through
+        # RAY_ADDRESS.
         for var in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
             env.pop(var, None)
         token: str | None = None
@@ -127,12 +134,13 @@ class LocalRayHead:
             env.pop("RAY_AUTH_TOKEN", None)
             env["RAY_AUTH_TOKEN_PATH"] = str(token_path)
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # `ray start --block` answers SIGTERM by draining the node until it is idle, for up to this long
-        # (30 s by default). Ray Data's detached stats actor never lets it go idle, so every stop waited out
-        # the whole drain. The drain is for Ray Serve's proxies; this head has none, and `stop` kills its
-        # processes anyway.
+        # `ray start --block` answers SIGTERM by draining the node until it is idle, for up to this
+        # long (30 s by default). Ray Data's detached stats actor never lets it go idle, so every
+        # stop would wait out the whole drain. The drain is for Ray Serve's proxies; this head has
+        # none, and `stop` kills its processes anyway.
         env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
-        # Job entrypoints (`python -m workers.driver`) and workers must run the head's own interpreter/venv.
+        # Job entrypoints (`python -m workers.driver`) and workers must run the head's own
+        # interpreter/venv.
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
 
@@ -165,7 +173,8 @@ class LocalRayHead:
             cmd.append(f"--num-gpus={self.num_gpus}")
         self._log_file = Path(self.temp_dir) / "ray-start.log"
         with open(self._log_file, "wb") as out:
-            # Own process group so that our SIGTERM (and nothing else's) reaches `ray start` and its children.
+            # Own process group so that our SIGTERM (and nothing else's) reaches `ray start` and its
+            # children.
             self.proc = subprocess.Popen(
                 cmd,
                 env=env,
@@ -197,7 +206,8 @@ class LocalRayHead:
         return head
 
     def _wait_ready(self, head: RayHead) -> None:
-        """Wait until the Jobs API answers (it comes up last: GCS, raylet, dashboard, then the job module)."""
+        """Wait until the Jobs API answers (it comes up last: GCS, raylet, dashboard, then the job
+        module)."""
         deadline = time.monotonic() + self.start_timeout_s
         last = ""
         while time.monotonic() < deadline:
@@ -234,7 +244,8 @@ class LocalRayHead:
             return ""
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM `ray start --block` (it kills its daemons), then sweep leftovers that name our temp dir."""
+        """SIGTERM `ray start --block` (it kills its daemons), then sweep leftovers that name our
+        temp dir."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -263,10 +274,12 @@ class LocalRayHead:
 
 
 def _die_with_parent() -> None:
-    """In the forked child, before exec: SIGTERM it when the process that started it dies, SIGKILL included.
+    """In the forked child, before exec: SIGTERM it when the process that started it dies, SIGKILL
+    included.
 
-    `ray start --block` stops every daemon it started on SIGTERM, so a `serve` that is killed never leaves its
-    private head (and the CPUs it claimed) behind. Linux only; elsewhere the head stops on a clean exit only."""
+    `ray start --block` stops every daemon it started on SIGTERM, so a `serve` that is killed never
+    leaves its private head (and the CPUs it claimed) behind. Linux only; elsewhere the head stops
+    on a clean exit only."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -275,7 +288,8 @@ def _die_with_parent() -> None:
 
 
 def _kill_processes_mentioning(marker: str, grace_s: float = 5.0) -> None:
-    """Kill processes whose command line names our unique temp dir (workers that outlived the raylet)."""
+    """Kill processes whose command line names our unique temp dir (workers that outlived the
+    raylet)."""
     import psutil
 
     me = os.getpid()

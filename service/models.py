@@ -1,7 +1,8 @@
 """SQLAlchemy 2 storage models (the API's response schemas live in `api.schemas`, separately).
 
-Times are unix seconds (float). Every metric point, state transition and log line of a job carries an
-event `seq` drawn from the job's single counter `next_event_seq`: strictly increasing, never reused.
+Times are unix seconds (float). Every metric point, state transition and log line of a job carries
+an event `seq` drawn from the job's single counter `next_event_seq`: strictly increasing, never
+reused.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class Job(Base):
     created_at: Mapped[float] = mapped_column(Float, index=True)
     updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # the admission queue (service.admission): order, and what the scheduler last said about a waiting job
+    # the admission queue (service.admission): order, and what the scheduler last said about a
+    # waiting job
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
     queue_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -107,9 +109,9 @@ class LogLine(Base):
 
 
 class AuditEvent(Base):
-    """Who did what through the API, when, from where, and how it ended: one row per authenticated request that
-    could change something (create, cancel, …), failed ones included. No foreign key: a refused create has no job,
-    and the trail outlives the jobs it names."""
+    """Who did what through the API, when, from where, and how it ended: one row per authenticated
+    request that could change something (create, cancel, …), failed ones included. No foreign key:
+    a refused create has no job, and the trail outlives the jobs it names."""
 
     __tablename__ = "audit_events"
     __table_args__ = (

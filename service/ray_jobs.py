@@ -1,14 +1,15 @@
 """`Launcher` on Ray's Job Submission API (the head's dashboard port, `RINGTRAIN_RAY_ADDRESS`).
 
-Why the Jobs API and not Ray Client: drivers started this way run on the cluster and outlive the control plane,
-and the control plane holds no Ray actor. The driver is `python -m workers.driver`, run with the
-cluster's own Python environment (the package is installed in the head's venv locally, in the image on KubeRay),
-so no working_dir is uploaded.
+Why the Jobs API and not Ray Client: drivers started this way run on the cluster and outlive the
+control plane, and the control plane holds no Ray actor. The driver is `python -m workers.driver`,
+run with the cluster's own Python environment (the package is installed in the head's venv locally,
+in the image on KubeRay), so no working_dir is uploaded.
 
-Token authentication: Ray ≥ 2.52 checks `Authorization: Bearer <token>` on the dashboard/Jobs API when the
-cluster runs with `RAY_AUTH_MODE=token`. The token is passed explicitly (`auth_token=`), or taken from
-`RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`, and sent as a header on every request; it is never
-put into a job's environment (drivers inherit the cluster's own auth settings from the raylet).
+Token authentication: Ray ≥ 2.52 checks `Authorization: Bearer <token>` on the dashboard/Jobs API
+when the cluster runs with `RAY_AUTH_MODE=token`. The token is passed explicitly (`auth_token=`), or
+taken from `RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`, and sent as a header on
+every request; it is never put into a job's environment (drivers inherit the cluster's own auth
+settings from the raylet).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ from workers.protocol import DriverEnv
 log = logging.getLogger(__name__)
 
 DRIVER_MODULE = "workers.driver"
-# Seconds Ray waits between SIGTERM and SIGKILL on `stop_job`: the driver releases everything in a few seconds,
-# this leaves room for a final report flush.
+# Seconds Ray waits between SIGTERM and SIGKILL on `stop_job`: the driver releases everything in a
+# few seconds, this leaves room for a final report flush.
 STOP_WAIT_S = 15
 
 
 def submission_id_for(job_id: str, attempt: int) -> str:
-    """Deterministic per (job, attempt): resubmitting after a control-plane crash finds the same Ray job."""
+    """Deterministic per (job, attempt): resubmitting after a control-plane crash finds the same Ray
+    job."""
     safe = re.sub(r"[^A-Za-z0-9_-]", "-", job_id)[:100]
     return f"ringtrain-{safe}-{attempt}"
 
@@ -53,7 +55,8 @@ def find_ray_auth_token() -> str | None:
 
 
 def driver_environment(req: LaunchRequest) -> dict[str, str]:
-    """The environment of a job's driver (`workers.protocol.DriverEnv`), whichever launcher starts it."""
+    """The environment of a job's driver (`workers.protocol.DriverEnv`), whichever launcher starts
+    it."""
     ckpt = Path(req.checkpoint_dir).expanduser()
     ckpt = (ckpt if ckpt.is_absolute() else Path.cwd() / ckpt) / req.job_id
     driver = DriverEnv(
@@ -87,9 +90,10 @@ class RayJobLauncher:
         entrypoint_num_cpus: float = 0.0,
         entrypoint_resources: dict[str, float] | None = None,
     ) -> None:
-        """`address`: the Jobs API, e.g. `http://head-svc:8265`. `python`: the interpreter on the cluster.
-        `entrypoint_resources`: custom Ray resources each driver needs, so it runs on the nodes that advertise them
-        (a small drivers' group on KubeRay), not on the head, whose restart would otherwise end every driver."""
+        """`address`: the Jobs API, e.g. `http://head-svc:8265`. `python`: the interpreter on the
+        cluster. `entrypoint_resources`: custom Ray resources each driver needs, so it runs on the
+        nodes that advertise them (a small drivers' group on KubeRay), not on the head, whose
+        restart would otherwise end every driver."""
         self.address = address if "://" in address else f"http://{address}"
         self.address = self.address.rstrip("/")
         self.auth_token = auth_token if auth_token is not None else find_ray_auth_token()
@@ -109,7 +113,7 @@ class RayJobLauncher:
             self._client_obj = JobSubmissionClient(self.address, headers=dict(self.headers))
         return self._client_obj
 
-    # -- Launcher protocol --------------------------------------------------------------------------------------
+    # -- Launcher protocol -------------------------------------------------------------------------
     def submit(self, req: LaunchRequest) -> str:
         sid = submission_id_for(req.job_id, req.attempt)
         env = {**self.extra_env, **driver_environment(req)}
@@ -162,7 +166,8 @@ class RayJobLauncher:
             raise
 
     def cluster(self) -> ClusterInfo:
-        """Nodes from the state API, free resources from the cluster status (both on the dashboard port)."""
+        """Nodes from the state API, free resources from the cluster status (both on the dashboard
+        port)."""
         with httpx.Client(base_url=self.address, headers=self.headers, timeout=10) as http:
             nodes = http.get("/api/v0/nodes", params={"limit": 10000, "detail": "true"})
             nodes.raise_for_status()
@@ -214,8 +219,9 @@ class _RayError(Enum):
 
 
 def _ray_error(e: RuntimeError) -> _RayError:
-    """What a JobSubmissionClient error means. Ray raises a bare RuntimeError carrying the HTTP status and the
-    server's message, so its text is the only signal: read here, once, and nowhere else."""
+    """What a JobSubmissionClient error means. Ray raises a bare RuntimeError carrying the HTTP
+    status and the server's message, so its text is the only signal: read here, once, and nowhere
+    else."""
     text = str(e).lower()
     if "already exists" in text:
         return _RayError.EXISTS

@@ -1,4 +1,5 @@
-"""All control-plane settings in one typed object (`RINGTRAIN_*` environment variables or `serve` flags)."""
+"""All control-plane settings in one typed object (`RINGTRAIN_*` environment variables or `serve`
+flags)."""
 
 from __future__ import annotations
 
@@ -68,13 +69,15 @@ class Settings(BaseSettings):
     )
     autoscaler_nodes: list[NodeShape] = Field(
         default_factory=list,
-        description="JSON list of {cpus, gpus, max_nodes, group}: per worker group, the pod resources and maxReplicas "
+        description="JSON list of {cpus, gpus, max_nodes, group}: per worker group, "
+        "the pod resources and maxReplicas "
         "(nodes the autoscaler may add: admission and the 422 check count them)",
     )
     kuberay_rayjob_template: str = Field(
         "",
-        description="Kueue mode: path of the RayJob template (ConfigMap ringtrain-rayjob-template); when set, every "
-        "job runs as a KubeRay RayJob on its own cluster instead of on the shared cluster at ray_address",
+        description="Kueue mode: path of the RayJob template "
+        "(ConfigMap ringtrain-rayjob-template); when set, every job runs as a KubeRay RayJob "
+        "on its own cluster instead of on the shared cluster at ray_address",
     )
     kubernetes_api: str = Field(
         "", description="Kueue mode: the Kubernetes API URL (default: the pod's in-cluster one)"
@@ -84,13 +87,15 @@ class Settings(BaseSettings):
     )
     driver_resources: dict[str, float] = Field(
         default_factory=dict,
-        description='JSON object of custom Ray resources per driver (entrypoint_resources), e.g. {"ringtrain_driver": '
-        "1}: drivers then run only on nodes that advertise it (KubeRay: the drivers' group, never the head)",
+        description="JSON object of custom Ray resources per driver (entrypoint_resources), "
+        'e.g. {"ringtrain_driver": 1}: drivers then run only on nodes that advertise it '
+        "(KubeRay: the drivers' group, never the head)",
     )
     queue_shrink_grace_s: float = Field(
         600.0,
         ge=0,
-        description="a queued job larger than the cluster (nodes lost) fails after waiting this long",
+        description="a queued job larger than the cluster (nodes lost) "
+        "fails after waiting this long",
     )
     leader_lease_s: float = Field(
         15.0,
@@ -159,8 +164,8 @@ class Settings(BaseSettings):
                     digest = token[len(HASHED_PREFIX) :].lower()
                     if not re.fullmatch(r"[0-9a-f]{64}", digest):
                         raise ValueError(
-                            f"api_tokens: the entry of owner {owner!r} is not 'sha256:' and 64 hex digits "
-                            "(the SHA-256 of the token: printf %s TOKEN | sha256sum)"
+                            f"api_tokens: the entry of owner {owner!r} is not 'sha256:' and 64 "
+                            "hex digits (the SHA-256 of the token: printf %s TOKEN | sha256sum)"
                         )
                     token = HASHED_PREFIX + digest
                 out[token] = owner
@@ -179,7 +184,8 @@ class Settings(BaseSettings):
 
 
 def ensure_tokens(settings: Settings, *, announce: bool = True) -> dict[str, str]:
-    """The token → owner map. Unset: reuse or generate one admin token kept in `token_file` (mode 0600).
+    """The token → owner map. Unset: reuse or generate one admin token kept in `token_file`
+    (mode 0600).
 
     The token is printed once, when generated; never logged.
     """

@@ -1,8 +1,9 @@
-"""Opt-in export of every job to the trackers teams already use: MLflow (a tracking URI) and TensorBoard
-(event files, one directory per job).
+"""Opt-in export of every job to the trackers teams already use: MLflow (a tracking URI) and
+TensorBoard (event files, one directory per job).
 
-What goes out per job: every metric point (per-rank metrics as `<name>/rank<r>`; NaN/inf as NaN), the spec
-flattened into params (`model.d_model`, `train.lr`, …), and at the end the final state and model path.
+What goes out per job: every metric point (per-rank metrics as `<name>/rank<r>`; NaN/inf as NaN),
+the spec flattened into params (`model.d_model`, `train.lr`, …), and at the end the final state
+and model path.
 
 Why it cannot hurt a job: its listener on the store's event bus only marks the job dirty (a set
 insert, O(1), nothing else under the store's write lock). One thread per sink reads the job's new
@@ -99,7 +100,8 @@ class Sink(Protocol):
     name: str
 
     def begin(self, job: JobView) -> None:
-        """Start the job's export from nothing (replacing any earlier export of it): run/dir and params."""
+        """Start the job's export from nothing (replacing any earlier export of it): run/dir and
+        params."""
 
     def write(self, job: JobView, points: Sequence[Point]) -> None: ...
 
@@ -246,7 +248,8 @@ DONE_KEPT = 10000  # finished jobs a worker remembers, so a late mark does not e
 
 
 class _SinkWorker:
-    """One sink's thread: per-job cursors over the store, retries, back-off, outage notes in the job's log."""
+    """One sink's thread: per-job cursors over the store, retries, back-off, outage notes in the
+    job's log."""
 
     def __init__(
         self,
@@ -330,7 +333,8 @@ class _SinkWorker:
                 fn(*args)
 
     def _sync(self, job_id: str) -> bool:
-        """Bring the job's export up to date with the store; False (and a log note once) if the sink failed."""
+        """Bring the job's export up to date with the store; False (and a log note once) if the sink
+        failed."""
         reset = False
         try:
             row = self.store.jobs.get(job_id)
@@ -404,7 +408,8 @@ class _SinkWorker:
                 self._note(
                     job_id,
                     f"export to {self.sink.name} failing ({type(e).__name__}: {str(e)[:300]}); "
-                    "retrying in the background - training and ringtrain's own metrics are unaffected",
+                    "retrying in the background - "
+                    "training and ringtrain's own metrics are unaffected",
                 )
             return False
         if self.failing.pop(job_id, None):
@@ -473,7 +478,8 @@ class Exporter:
         return self._sweeper is not None
 
     def notify(self, job_id: str, events: list[Event]) -> None:
-        """Runs under the store's write lock: only marks the job; log-only batches (our own notes) are ignored."""
+        """Runs under the store's write lock: only marks the job; log-only batches (our own notes)
+        are ignored."""
         if not any(e.kind != "log" for e in events):
             return
         reset = any(e.kind == "state" and e.data.get("resume_step") is not None for e in events)

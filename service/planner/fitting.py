@@ -215,7 +215,8 @@ def _short(
     devices: int,
     would_fit: dict[str, Any] | None,
 ) -> Fit:
-    """Nothing fits within the cluster: the best candidate, by how much it exceeds, what would do."""
+    """Nothing fits within the cluster: the best candidate, by how much it exceeds, what would
+    do."""
     if best is None:
         out.message = (
             "no ring x Ulysses shape divides the spec's sequence lengths within the cluster"
@@ -237,8 +238,8 @@ def _short(
     tp_best = f" x tensor_size {out.tensor_size}" if out.tensor_size > 1 else ""
     out.message = (
         f"nothing fits {budget / GIB:.2f} GiB per rank within the cluster's {devices} devices: the "
-        f"best candidate (ring_size {out.ring_size} x ulysses_size {out.ulysses_size}{tp_best} with "
-        f"{knobs.name}) needs {total / GIB:.2f} GiB, {out.shortfall_bytes} bytes "
+        f"best candidate (ring_size {out.ring_size} x ulysses_size {out.ulysses_size}{tp_best} "
+        f"with {knobs.name}) needs {total / GIB:.2f} GiB, {out.shortfall_bytes} bytes "
         f"({out.shortfall_bytes / GIB:.2f} GiB) over; it would need {needed}"
     )
     return out

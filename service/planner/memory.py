@@ -1,23 +1,27 @@
 """Memory per rank: parameter counts and the estimate that `plan` reports and `fit` fits.
 
-Memory per rank (bytes): what a rank reports as `mem_peak_bytes`. The training state is sharded by FSDP
-over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are gathered whole only
-while it runs (the one running and the one prefetched), the root's (embedding, head, final norm) for the
-whole step. With a = bytes per activation (4 on CPU; 2 on CUDA, bf16 under autocast) and T = b·t:
+Memory per rank (bytes): what a rank reports as `mem_peak_bytes`. The training state is sharded by
+FSDP over all W = data_parallel × ring_size × ulysses_size ranks; a block's parameters are
+gathered whole only while it runs (the one running and the one prefetched), the root's (embedding,
+head, final norm) for the whole step. With a = bytes per activation (4 on CPU; 2 on CUDA, bf16 under
+autocast) and T = b·t:
 
     runtime     = CPU_RUNTIME_BYTES on CPU (interpreter, torch, gloo: measured), 0 on CUDA
-    state       = 16·P / W                        (fp32 param, grad, AdamW exp_avg + exp_avg_sq shards)
-    gathered    = a·(P_root + 2·P_block) + 4·(P_root + P_block)   (two blocks and the root, fp32 grads)
+    state       = 16·P / W                        (fp32 param, grad, AdamW exp_avg +
+                                                   exp_avg_sq shards)
+    gathered    = a·(P_root + 2·P_block) + 4·(P_root + P_block)
+                                                  (two blocks and the root, fp32 grads)
     activations = a·T·kept                        (what autograd keeps from forward to backward)
     backward    = a·(T·working + tile·working_tile)  (one block recomputed and back-propagated)
-    loss        = 4·(2·c·V + V·d + 2·T·d)         (chunked: one chunk's logits + softmax, the head's
-                                                   fp32 gradient sum, hidden states and their gradient)
-    ring_buffers= T·(2·d_kv/G)·2·(a + 4)          (ring > 1: one K/V-head chunk's K and V, held and in
-                                                   flight, and their fp32 dK/dV, travelling and arriving;
-                                                   G = `ring_head_chunks`)
+    loss        = 4·(2·c·V + V·d + 2·T·d)         (chunked: one chunk's logits + softmax, the
+                                                   head's fp32 gradient sum, hidden states and
+                                                   their gradient)
+    ring_buffers= T·(2·d_kv/G)·2·(a + 4)          (ring > 1: one K/V-head chunk's K and V, held
+                                                   and in flight, and their fp32 dK/dV,
+                                                   travelling and arriving; G = `ring_head_chunks`)
 
-and, per token, with blk = 6·d + 2·d_q + 2·d_kv + h (norm outputs and weighted copies, q/k/v/out, lse,
-residual sums) and mlp = 4·f (SwiGLU's gate, up, SiLU, product; 0 inside `blk` when tiled):
+and, per token, with blk = 6·d + 2·d_q + 2·d_kv + h (norm outputs and weighted copies, q/k/v/out,
+lse, residual sums) and mlp = 4·f (SwiGLU's gate, up, SiLU, product; 0 inside `blk` when tiled):
 
     activation_checkpointing  kept                      working
     none                      L·(blk + mlp)             0
@@ -26,16 +30,16 @@ residual sums) and mlp = 4·f (SwiGLU's gate, up, SiLU, product; 0 inside `blk` 
     (+ 2·d + e in every case: embedding output, final norm's input, RoPE tables)
 
 With `tiled_mlp`, mlp leaves both columns and costs `working_tile` = mlp per token of one tile
-(`tile` = T / `mlp_tiles`). With `offload_activations` (CUDA), (L − 2)·d of `kept` is in host memory.
-b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local tokens, L layers,
-d = d_model, d_q = n_heads·head_dim, d_kv = n_kv_heads·head_dim, f = SwiGLU hidden, h = n_heads, e =
-head_dim, V = vocab, c = min(LOSS_CHUNK_TOKENS, T). `kept` without checkpointing is compared with autograd's
-own count in tests/unit/workers/training/test_sharding.py; the totals with measured peaks of every
-knob in tests/integration/test_memory_plan.py
-and bench/memory.py (BENCHMARKS.md, "Memory per token"). CUDA terms (bf16 activations and gathered
-parameters, fp32 master shards) follow the code and are unmeasured: the caching allocator's reserve beyond
-live tensors, NCCL's buffers and the pinned host memory of offload are not in `max_memory_allocated`, so
-not in the estimate either.
+(`tile` = T / `mlp_tiles`). With `offload_activations` (CUDA), (L − 2)·d of `kept` is in host
+memory. b = batch_size / data_parallel sequences, t = seq_len / (ring_size · ulysses_size) local
+tokens, L layers, d = d_model, d_q = n_heads·head_dim, d_kv = n_kv_heads·head_dim, f = SwiGLU
+hidden, h = n_heads, e = head_dim, V = vocab, c = min(LOSS_CHUNK_TOKENS, T). `kept` without
+checkpointing is compared with autograd's own count in tests/unit/workers/training/test_sharding.py;
+the totals with measured peaks of every knob in tests/integration/test_memory_plan.py and
+bench/memory.py (BENCHMARKS.md, "Memory per token"). CUDA terms (bf16 activations and gathered
+parameters, fp32 master shards) follow the code and are unmeasured: the caching allocator's reserve
+beyond live tensors, NCCL's buffers and the pinned host memory of offload are not in
+`max_memory_allocated`, so not in the estimate either.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from workers.parallel_dims import ring_head_chunks
 
 
 def block_param_count(spec: JobSpec) -> int:
-    """Parameters of one transformer block: q/o, k/v (head_dim may differ from d_model/n_heads), MLP, norms."""
+    """Parameters of one transformer block: q/o, k/v (head_dim may differ from d_model/n_heads),
+    MLP, norms."""
     return _projection_params(spec) + 2 * spec.model.d_model
 
 
@@ -74,24 +79,26 @@ LOSS_CHUNK_TOKENS = (
     4096  # workers.training.loss.DEFAULT_CHUNK_TOKENS (service does not import the trainer)
 )
 
-# Measured on CPU (bench/memory.py --breakdown, BENCHMARKS.md "Memory per token"): the resident size of a rank
-# before its step beyond its training state: interpreter, torch, gloo, the data source. A torchrun rank
-# holds ~330 MB; a rank started from a larger parent (multiprocessing spawn, as the tests' ranks are, or
-# a Ray worker) 30-70 MB more (tests/integration/test_memory_plan.py): the middle, so a fit errs on the
-# side of fitting.
+# Measured on CPU (bench/memory.py --breakdown, BENCHMARKS.md "Memory per token"): the resident size
+# of a rank before its step beyond its training state: interpreter, torch, gloo, the data source. A
+# torchrun rank holds ~330 MB; a rank started from a larger parent (multiprocessing spawn, as the
+# tests' ranks are, or a Ray worker) 30-70 MB more (tests/integration/test_memory_plan.py): the
+# middle, so a fit errs on the side of fitting.
 CPU_RUNTIME_BYTES = 360 * 10**6
-# A tensor-parallel rank also holds its tensor group's gloo context and DTensor's dispatch caches, and
-# the gathers and reduce-scatters around each block make fresh tensors: measured 30-70 MB more than the
-# terms below on CPU (tests/integration/test_memory_plan.py, ring 1 and 2 x tensor_size 2).
+# A tensor-parallel rank also holds its tensor group's gloo context and DTensor's dispatch caches,
+# and the gathers and reduce-scatters around each block make fresh tensors: measured 30-70 MB more
+# than the terms below on CPU (tests/integration/test_memory_plan.py, ring 1 and 2 x tensor_size 2).
 CPU_RUNTIME_TP_BYTES = 40 * 10**6
 # A model kind's own share (a pretrained model's process also holds transformers' modules) is its
 # config class's `cpu_runtime_bytes` (`workers/config/`).
-# The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit, measured,
-# in what the backward frees as it consumes saved tensors: bench/memory.py, BENCHMARKS.md "Memory per token".
+# The backward's own temporaries (gradients of the residual stream, of q/k/v and of the MLP) fit,
+# measured, in what the backward frees as it consumes saved tensors: bench/memory.py, BENCHMARKS.md
+# "Memory per token".
 
 
 def _tile_tokens(spec: JobSpec, local_tokens: int) -> int:
-    """Tokens of one MLP tile (`mlp_tiles`): the MLP's working set exists for this many tokens at a time."""
+    """Tokens of one MLP tile (`mlp_tiles`): the MLP's working set exists for this many tokens at a
+    time."""
     tiles = mlp_tiles(spec.train.tiled_mlp, local_tokens, spec.model.d_model)
     return math.ceil(local_tokens / tiles)
 
@@ -110,8 +117,8 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
     qd = m.n_heads * m.head_dim // T
     mlp = 4 * f  # SwiGLU's gate, up, SiLU and product
     # norms, q/k/v/out, lse, residual sums; under tensor parallelism the residual stream, the norms
-    # and the projections' outputs are a rank's piece of the sequence (1/T), the inputs the attention
-    # and the MLP gather are whole
+    # and the projections' outputs are a rank's piece of the sequence (1/T), the inputs the
+    # attention and the MLP gather are whole
     # (the two norms' normalised inputs are among the pieces only where the norm keeps them)
     pieces = 4 if m.norm_keeps_normalized else 2
     rest = 2 * d + pieces * d // T + 2 * qd + 2 * kvd + h
@@ -121,8 +128,9 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
     block_mlp = 0 if tiled else mlp  # per-token MLP floats of a block's saved set
     if mode == "full":
         terms["kept"] = L * d // T  # one input per block: a rank's piece of the sequence
-        # one block recomputed in backward: its MLP set whole, its attention side about half (the backward
-        # frees saved tensors as it consumes them; fitted on the measured marginal bytes per token)
+        # one block recomputed in backward: its MLP set whole, its attention side about half (the
+        # backward frees saved tensors as it consumes them; fitted on the measured marginal bytes
+        # per token)
         terms["working"] += rest // 2 + block_mlp
         if tr.offload_activations:
             terms["offloaded"] = (
@@ -139,8 +147,9 @@ def activation_terms(spec: JobSpec) -> dict[str, int]:
 
 
 def _ring_buffer_bytes(ring: int, kv_heads: int, kvd: int, tokens: int, act_bytes: int) -> int:
-    """The ring backward's buffers at its peak: one K/V-head chunk's K/V held and in flight (activation
-    dtype) and its dK/dV travelling and arriving (fp32); nothing travels on a ring of one."""
+    """The ring backward's buffers at its peak: one K/V-head chunk's K/V held and in flight
+    (activation dtype) and its dK/dV travelling and arriving (fp32); nothing travels on a ring of
+    one."""
     if ring == 1:
         return 0
     per_chunk = 2 * kvd // ring_head_chunks(kv_heads, ring)  # K and V floats per token
@@ -150,7 +159,8 @@ def _ring_buffer_bytes(ring: int, kv_heads: int, kvd: int, tokens: int, act_byte
 def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, Any]:
     """A rank's peak bytes (what `mem_peak_bytes` measures) and its parts; see the module docstring.
 
-    `accelerator`: "cpu" or "gpu" (default: the spec's `resources.accelerator`, auto counting as cpu)."""
+    `accelerator`: "cpu" or "gpu" (default: the spec's `resources.accelerator`, auto counting as
+    cpu)."""
     m, p = spec.model, spec.parallel
     acc = accelerator or ("gpu" if spec.resources.accelerator == "gpu" else "cpu")
     P = param_count(spec)
@@ -196,11 +206,12 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
         "offloaded_bytes": act_bytes * tokens * terms["offloaded"],
         "bytes": parts,
         "total_bytes": sum(parts.values()),
-        "formula": "runtime (CPU: interpreter, torch, gloo) + 16*P_T/S (params, grads, AdamW: a tensor "
-        "rank's share P_T, 1/T of every projection, sharded over the S = W/T ranks of the other "
-        "dimensions) + gathered by FSDP (two blocks and the root, their fp32 grads) + activations kept for backward "
-        "(per train.activation_checkpointing / tiled_mlp / offload_activations) + the backward's working set "
-        "(one block recomputed and its gradients; the MLP's part per tile when tiled) + chunked loss + ring "
-        "K/V buffers; b = batch/data_parallel, t = seq_len/(ring_size*ulysses_size); heads, K/V and MLP "
-        "columns per rank divided by T = tensor_size; bytes per activation 4 on CPU, 2 on CUDA (bf16)",
+        "formula": "runtime (CPU: interpreter, torch, gloo) + 16*P_T/S (params, grads, AdamW: a "
+        "tensor rank's share P_T, 1/T of every projection, sharded over the S = W/T ranks of the "
+        "other dimensions) + gathered by FSDP (two blocks and the root, their fp32 grads) + "
+        "activations kept for backward (per train.activation_checkpointing / tiled_mlp / "
+        "offload_activations) + the backward's working set (one block recomputed and its "
+        "gradients; the MLP's part per tile when tiled) + chunked loss + ring K/V buffers; b = "
+        "batch/data_parallel, t = seq_len/(ring_size*ulysses_size); heads, K/V and MLP columns per "
+        "rank divided by T = tensor_size; bytes per activation 4 on CPU, 2 on CUDA (bf16)",
     }

@@ -88,9 +88,9 @@ def preview_landing(
 
 
 def suggest_split(spec: JobSpec, nodes: list[NodeInfo]) -> dict[str, int] | None:
-    """Ulysses × ring for one replica's ring_size × ulysses_size ranks: the largest Ulysses group that fits inside
-    a node (its all-to-all is latency-bound), divides the sequence group and suits the heads; the ring covers the
-    rest across nodes. None when the model's heads are unknown."""
+    """Ulysses × ring for one replica's ring_size × ulysses_size ranks: the largest Ulysses group
+    that fits inside a node (its all-to-all is latency-bound), divides the sequence group and suits
+    the heads; the ring covers the rest across nodes. None when the model's heads are unknown."""
     m = spec.model
     if not m.shape_known:
         return None

@@ -1,4 +1,5 @@
-"""Prepared datasets: one row per `POST /v1/datasets` (a prepare run on the cluster) with its progress.
+"""Prepared datasets: one row per `POST /v1/datasets` (a prepare run on the cluster) with its
+progress.
 
 Revision ID: 0004_datasets
 Revises: 0003
