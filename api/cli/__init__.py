@@ -14,7 +14,7 @@ import sys
 
 import httpx
 
-from api.cli import data, jobs, serve
+from api.cli import data, evals, jobs, serve
 from api.cli.catalog_view import format_value
 from api.client import ApiError, resolve_url
 
@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_commands(sub, srv)
     jobs.add_commands(sub, common)
     data.add_commands(sub)
+    evals.add_commands(sub, common)
     return p
 
 

@@ -184,7 +184,7 @@ def _variable_tracking(tok: Tokenizer, length: int, rng: random.Random) -> tuple
 
 
 def _words(rng: random.Random, n: int, used: set[str]) -> list[str]:
-    out = []
+    out: list[str] = []
     while len(out) < n:
         w = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(4, 8)))
         if w not in used:
