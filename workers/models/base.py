@@ -15,8 +15,9 @@ from workers import attention
 
 @dataclass(frozen=True)
 class SequenceParallel:
-    """Where a model's attention runs: the ring (`group`; None with torch.distributed off is a ring of one) and,
-    for Ulysses × ring, the Ulysses group whose all-to-all trades sequence for heads around it."""
+    """Where a model's attention runs: the ring (`group`; None with torch.distributed off is a ring
+    of one) and, for Ulysses × ring, the Ulysses group whose all-to-all trades sequence for heads
+    around it."""
 
     group: dist.ProcessGroup | None
     layout: str = "zigzag"
@@ -24,8 +25,8 @@ class SequenceParallel:
 
     @property
     def world(self) -> int:
-        """Ranks one sequence is spread over (ring × Ulysses). A ring `group` of None is the default group, as in
-        `ring_attention`."""
+        """Ranks one sequence is spread over (ring × Ulysses). A ring `group` of None is the default
+        group, as in `ring_attention`."""
         if not (dist.is_available() and dist.is_initialized()):
             return 1
         ring = dist.get_world_size(self.group)
@@ -48,7 +49,8 @@ class SequenceParallel:
                 self.group is None
             ):  # ring_attention would take None for the whole world, not a ring of one
                 raise ValueError(
-                    "SequenceParallel with a Ulysses group needs its ring group (one rank for no ring)"
+                    "SequenceParallel with a Ulysses group needs its ring group "
+                    "(one rank for no ring)"
                 )
             return attention.usp_attention(
                 q,

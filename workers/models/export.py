@@ -1,12 +1,14 @@
-"""Export any ringtrain model as a Hugging Face directory that transformers reads back with the same logits.
+"""Export any ringtrain model as a Hugging Face directory that transformers reads back with the
+same logits.
 
 `save_pretrained` does what every kind shares (gather a sharded model, write beside the target,
 rename); what the directory holds is the model kind's `export` hook (`workers.models.registry`).
 The two here:
 pretrained models are transformers models already: their own `save_pretrained` plus the source
 tokenizer. The native decoder maps 1:1 onto `LlamaForCausalLM` (RMSNorm, rotate-half RoPE with the
-same inverse frequencies, SwiGLU, GQA) and ships a byte-level tokenizer whose ids are UTF-8 bytes, as
-in training. A sharded model (DTensor parameters, FSDP2) is gathered collectively; rank 0 writes.
+same inverse frequencies, SwiGLU, GQA) and ships a byte-level tokenizer whose ids are UTF-8 bytes,
+as in training. A sharded model (DTensor parameters, FSDP2) is gathered collectively; rank 0
+writes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ _LAYER_NAMES = {
 
 
 def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded parameters on CPU; collective when parameters are DTensors (every rank must call)."""
+    """Unsharded parameters on CPU; collective when parameters are DTensors (every rank must
+    call)."""
     from torch.distributed.tensor import DTensor
 
     if any(isinstance(p, DTensor) for p in model.parameters()):
@@ -53,7 +56,8 @@ def _full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         tensors = {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
         if len(tensors) != len(full):
             raise TypeError(
-                f"model state has non-tensor entries, which export cannot write: {sorted(full.keys() - tensors)}"
+                "model state has non-tensor entries, which export cannot write: "
+                f"{sorted(full.keys() - tensors)}"
             )
         return tensors
     return {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -101,10 +105,12 @@ def llama_config_for(model: Transformer, max_position_embeddings: int) -> Any:
 def save_pretrained(
     model: nn.Module, out_dir: str | Path, *, max_position_embeddings: int | None = None
 ) -> Path:
-    """Write `model` as a transformers directory (weights, config, tokenizer). Collective for sharded models.
+    """Write `model` as a transformers directory (weights, config, tokenizer). Collective for
+    sharded models.
 
-    The directory appears complete or not at all (written beside it, then renamed; an older export is
-    replaced). `max_position_embeddings` (native models) records the context the model was trained for.
+    The directory appears complete or not at all (written beside it, then renamed; an older export
+    is replaced). `max_position_embeddings` (native models) records the context the model was
+    trained for.
     """
     out = Path(out_dir)
     state = _full_state_dict(model)

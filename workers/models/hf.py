@@ -1,12 +1,13 @@
 """Pretrained Hugging Face causal LMs (llama, mistral, qwen2, qwen3) trained on the ring.
 
-The model *is* transformers' own modeling code — every family detail (q/k/v biases, qwen3's q/k norms,
-tied heads, each RoPE scaling variant) is exactly what `from_pretrained` users get, and export is
-transformers' `save_pretrained`. Two things are swapped in from outside, without touching its code:
+The model *is* transformers' own modeling code — every family detail (q/k/v biases, qwen3's q/k
+norms, tied heads, each RoPE scaling variant) is exactly what `from_pretrained` users get, and
+export is transformers' `save_pretrained`. Two things are swapped in from outside, without touching
+its code:
 
-- attention: `ring_attention` registered through `transformers.AttentionInterface` under `ATTN_NAME`,
-  with a mask function that returns None (causality is the ring's job and depends on the layout; an
-  HF mask would be O(seq²) and wrong for non-monotonic zigzag/striped positions);
+- attention: `ring_attention` registered through `transformers.AttentionInterface` under
+  `ATTN_NAME`, with a mask function that returns None (causality is the ring's job and depends on
+  the layout; an HF mask would be O(seq²) and wrong for non-monotonic zigzag/striped positions);
 - the sequence length RoPE sees: length-dependent RoPE (`dynamic`, `longrope`) scales by
   max(position_ids) + 1, which on a shard is that shard's last position. A forward pre-hook on the
   rotary module appends the *global* last position (max over the ring) and a forward hook drops it,
@@ -59,7 +60,8 @@ def _ring_attention_forward(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention signature: q/k/v [batch, heads, seq, head_dim] → [batch, seq, heads, head_dim]."""
+    """transformers' attention signature: q/k/v [batch, heads, seq, head_dim] → [batch, seq, heads,
+    head_dim]."""
     state: _RingState | None = getattr(module, "ringtrain_state", None)
     if state is None:
         raise RuntimeError(f"{ATTN_NAME} attention runs only inside a ringtrain PretrainedLM")
@@ -70,7 +72,8 @@ def _ring_attention_forward(
     window = kwargs.get("sliding_window")
     if window is not None and window < state.seq_len:
         raise ValueError(
-            f"sliding_window {window} < sequence length {state.seq_len}: ring attention is full causal"
+            f"sliding_window {window} < sequence length {state.seq_len}: "
+            "ring attention is full causal"
         )
     if state.decode_keep is not None:  # new tokens against every rank's cache (pass-Q)
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
@@ -107,12 +110,13 @@ LEAN_NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3
 
 
 def _lean_norms(model: nn.Module) -> None:
-    """Run each RMSNorm of the supported families through `rms_norm`: the same forward values, and a
-    backward that keeps the input and its rsqrt instead of autograd's normalised copy (one activation per
-    token and norm). Patched on the instance, so names, state dicts and export are unchanged."""
+    """Run each RMSNorm of the supported families through `rms_norm`: the same forward values, and
+    a backward that keeps the input and its rsqrt instead of autograd's normalised copy (one
+    activation per token and norm). Patched on the instance, so names, state dicts and export are
+    unchanged."""
     for module in model.modules():
         if type(module).__name__ in LEAN_NORMS:
-            # the weight is read at each call: FSDP swaps the parameter (sharded, gathered) in and out
+            # read the weight at each call: FSDP swaps the parameter (sharded, gathered) in and out
             def forward(x: torch.Tensor, _norm: Any = module) -> torch.Tensor:
                 return rms_norm(x, _norm.weight, float(_norm.variance_epsilon))
 
@@ -122,8 +126,8 @@ def _lean_norms(model: nn.Module) -> None:
 class PretrainedLM(RingModel):
     """A transformers causal LM behind ringtrain's model interface.
 
-    `forward(tokens [batch, seq_local], positions [seq_local]) -> fp32 logits [batch, seq_local, vocab]`,
-    where `positions` are the global (layout) positions of the rank's tokens.
+    `forward(tokens, positions) -> logits`: tokens [batch, seq_local], positions [seq_local] (the
+    global (layout) positions of the rank's tokens), fp32 logits [batch, seq_local, vocab].
     """
 
     def __init__(self, hf_model: PreTrainedModel, source_dir: str | None = None) -> None:
@@ -135,7 +139,8 @@ class PretrainedLM(RingModel):
         _lean_norms(self.hf)
         self.state = _RingState()
         for layer in self.layers:
-            # torch types Module.__setattr__'s value as Tensor | Module; any object is accepted at run time
+            # torch types Module.__setattr__'s value as Tensor | Module;
+            # any object is accepted at run time
             layer.get_submodule("self_attn").ringtrain_state = self.state  # type: ignore[assignment]
         rotary = self._decoder.get_submodule("rotary_emb")
         self._rope_last: int | None = None  # global last position, for length-dependent RoPE
@@ -156,13 +161,15 @@ class PretrainedLM(RingModel):
         layers = self._decoder.get_submodule("layers")
         if not isinstance(layers, nn.ModuleList):
             raise TypeError(
-                f"{type(self.hf).__name__}.model.layers is a {type(layers).__name__}, not an nn.ModuleList"
+                f"{type(self.hf).__name__}.model.layers is a {type(layers).__name__}, "
+                "not an nn.ModuleList"
             )
         return layers
 
     @property
     def _decoder(self) -> nn.Module:
-        """The decoder without the LM head (`.model` in every supported family): embeddings, layers, final norm."""
+        """The decoder without the LM head (`.model` in every supported family): embeddings,
+        layers, final norm."""
         return self.hf.get_submodule("model")
 
     def set_sequence_parallel(self, sp: SequenceParallel | None) -> None:
@@ -177,7 +184,8 @@ class PretrainedLM(RingModel):
         return 1 if self.state.sp is None else self.state.sp.world
 
     def _global_last_position(self, positions: torch.Tensor) -> int:
-        """max(position) over the whole sequence (ring × Ulysses): what transformers' RoPE sees unsharded."""
+        """max(position) over the whole sequence (ring × Ulysses): what transformers' RoPE sees
+        unsharded."""
         last = (
             positions.max().detach().to(torch.int64).reshape(1)
         )  # on the tokens' device: the backend's
@@ -237,7 +245,8 @@ class PretrainedLM(RingModel):
 
     @property
     def output_weight(self) -> torch.Tensor:
-        """The LM head [vocab, hidden] (none of the families has a head bias): `forward` = features @ weightᵀ."""
+        """The LM head [vocab, hidden] (none of the families has a head bias): `forward` =
+        features @ weightᵀ."""
         return self.hf.get_output_embeddings().weight
 
     def features(
@@ -247,8 +256,9 @@ class PretrainedLM(RingModel):
         *,
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final hidden states [batch, seq_local, hidden]: what a chunked loss projects chunk by chunk.
-        `positions` may be per row ([batch, seq_local]) for packed documents, with their `cu_seqlens`."""
+        """Final hidden states [batch, seq_local, hidden]: what a chunked loss projects chunk by
+        chunk. `positions` may be per row ([batch, seq_local]) for packed documents, with their
+        `cu_seqlens`."""
         return self._decoder(**self._inputs(tokens, positions, cu_seqlens)).last_hidden_state
 
     def forward(
@@ -290,7 +300,8 @@ def load_pretrained(
     rope_theta: float | None = None,
     max_position_embeddings: int | None = None,
 ) -> PretrainedLM:
-    """An unsharded PretrainedLM from a local model directory, with optional RoPE overrides (context extension)."""
+    """An unsharded PretrainedLM from a local model directory, with optional RoPE overrides
+    (context extension)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

@@ -34,8 +34,8 @@ class RMSNorm(nn.Module):
 def rope_tables(
     positions: torch.Tensor, head_dim: int, theta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [seq, head_dim/2] (or [batch, seq, head_dim/2] for per-row positions, as packed documents have),
-    fp32, for the given *global* position ids."""
+    """cos, sin [seq, head_dim/2] (or [batch, seq, head_dim/2] for per-row positions, as packed
+    documents have), fp32, for the given *global* position ids."""
     inv_freq = 1.0 / theta ** (
         torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     )
@@ -126,7 +126,8 @@ class Block(nn.Module):
 
 
 class Transformer(RingModel):
-    """tokens [batch, seq_local] + global positions [seq_local] → logits [batch, seq_local, vocab] (fp32)."""
+    """tokens [batch, seq_local] + global positions [seq_local] → logits [batch, seq_local, vocab]
+    (fp32)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -135,7 +136,8 @@ class Transformer(RingModel):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        # Tied: the head *is* the embedding matrix (no second parameter, so safetensors sees no aliasing).
+        # Tied: the head *is* the embedding matrix (no second parameter, so safetensors sees no
+        # aliasing).
         self.head = (
             None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         )
@@ -149,10 +151,12 @@ class Transformer(RingModel):
         return self.sp
 
     def init_value(self, name: str, shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
-        """GPT-2/Llama-style initial value of parameter `name` (full shape, fp32, CPU) drawn from `generator`.
+        """GPT-2/Llama-style initial value of parameter `name` (full shape, fp32, CPU) drawn from
+        `generator`.
 
-        Drawing every parameter in `named_parameters()` order is `init_weights`; a sharded trainer draws
-        each full value the same way and keeps its shard, so the model is the same on any world size."""
+        Drawing every parameter in `named_parameters()` order is `init_weights`; a sharded trainer
+        draws each full value the same way and keeps its shard, so the model is the same on any
+        world size."""
         if len(shape) < 2:
             return torch.ones(shape)  # norm gains
         std = 0.02
@@ -171,7 +175,8 @@ class Transformer(RingModel):
 
     @property
     def output_weight(self) -> torch.Tensor:
-        """The output head [vocab, d_model] (the embedding when tied): `forward` = features @ output_weightᵀ."""
+        """The output head [vocab, d_model] (the embedding when tied): `forward` =
+        features @ output_weightᵀ."""
         return self.tok_emb.weight if self.head is None else self.head.weight
 
     def features(
@@ -181,10 +186,11 @@ class Transformer(RingModel):
         *,
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final hidden states [batch, seq_local, d_model]: what a chunked loss projects chunk by chunk.
+        """Final hidden states [batch, seq_local, d_model]: what a chunked loss projects chunk by
+        chunk.
 
-        `positions`: [seq_local], or [batch, seq_local] for packed documents, whose boundaries `cu_seqlens` gives
-        (`workers.attention.ring_attention`'s convention)."""
+        `positions`: [seq_local], or [batch, seq_local] for packed documents, whose boundaries
+        `cu_seqlens` gives (`workers.attention.ring_attention`'s convention)."""
         cos, sin = rope_tables(positions.to(tokens.device), self.cfg.head_dim, self.cfg.rope_theta)
         x = self.tok_emb(tokens)
         for layer in self.layers:
@@ -204,7 +210,8 @@ class Transformer(RingModel):
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-token cross-entropy [batch, seq] in fp32 (no reduction: the caller forms the global mean)."""
+    """Per-token cross-entropy [batch, seq] in fp32 (no reduction: the caller forms the global
+    mean)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view(
         labels.shape
     )
@@ -227,8 +234,9 @@ def native_tp_plan(model: Transformer) -> dict[str, str]:
 
 
 def build_model(cfg: ModelConfig, seed: int) -> Transformer:
-    """Build and initialise on CPU in fp32 (identical on every rank and device type); move it yourself.
-    Memory knobs (checkpointing, tiled MLP) are applied from outside: `workers.training.parallelize`."""
+    """Build and initialise on CPU in fp32 (identical on every rank and device type); move it
+    yourself. Memory knobs (checkpointing, tiled MLP) are applied from outside:
+    `workers.training.parallelize`."""
     model = Transformer(cfg)
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
@@ -253,7 +261,8 @@ def init_shards(model: Transformer, cfg: ModelConfig, spec: JobSpec) -> None:
 
 
 def attention_backend(device: torch.device) -> str:
-    """Name of the ring attention block kernel for the dtype the model feeds it (bf16 under CUDA autocast)."""
+    """Name of the ring attention block kernel for the dtype the model feeds it (bf16 under CUDA
+    autocast)."""
     return attention.attention_backend(
         device, torch.bfloat16 if device.type == "cuda" else torch.float32
     )

@@ -9,11 +9,12 @@ import torch
 
 
 class _RMSNorm(torch.autograd.Function):
-    """y = (x·rsqrt(mean(x²) + eps)).to(x.dtype) · weight, normalised in fp32 even under bf16 autocast.
+    """y = (x·rsqrt(mean(x²) + eps)).to(x.dtype) · weight, normalised in fp32 even under bf16
+    autocast.
 
-    Autograd's own graph of these ops keeps the normalised x (one more activation per token) for the
-    weight's gradient; this keeps x and the per-token rsqrt only and recomputes the rest in backward.
-    The forward is the same ops in the same order, so its values are unchanged."""
+    Autograd's own graph of these ops keeps the normalised x (one more activation per token) for
+    the weight's gradient; this keeps x and the per-token rsqrt only and recomputes the rest in
+    backward. The forward is the same ops in the same order, so its values are unchanged."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -38,6 +39,7 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as the native model and transformers' Llama/Mistral/Qwen norms compute it (see `_RMSNorm`)."""
+    """RMSNorm as the native model and transformers' Llama/Mistral/Qwen norms compute it (see
+    `_RMSNorm`)."""
     out: torch.Tensor = _RMSNorm.apply(x, weight, eps)
     return out
