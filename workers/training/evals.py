@@ -1,14 +1,16 @@
 """Needle-in-a-haystack: passkey retrieval accuracy over a (context length × depth) grid.
 
-A sample counts as retrieved when the model's argmax at every answer position equals the key's token,
-fed the true prefix (teacher forcing). That is exactly greedy decoding's exact-match: greedy decoding
-produces the key iff each next-token argmax is right given the right tokens before it — and it costs
-one forward pass on the ring instead of one per answer token. Prompts and answers are tokenized with
-the job's tokenizer (`tokenizer_for`), so a pretrained model is asked and scored in its own tokens.
+A sample counts as retrieved when the model's argmax at every answer position equals the key's
+token, fed the true prefix (teacher forcing). That is exactly greedy decoding's exact-match: greedy
+decoding produces the key iff each next-token argmax is right given the right tokens before it — and
+it costs one forward pass on the ring instead of one per answer token. Prompts and answers are
+tokenized with the job's tokenizer (`tokenizer_for`), so a pretrained model is asked and scored in
+its own tokens.
 
 Two numbers per cell: `passkey_acc` (exact match, the needle-in-a-haystack grid) and
 `passkey_token_acc` (the fraction of answer tokens right: per digit for byte-level models). The
-second moves first: a small model learning retrieval gets single digits right long before whole keys.
+second moves first: a small model learning retrieval gets single digits right long before whole
+keys.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ def passkey_accuracy(
     """Collective over all ranks; every rank gets the same dict:
 
     {"passkey_acc": mean over cells, cell_name(L, d): exact-match accuracy,
-     "passkey_token_acc": mean over cells, cell_name(L, d, "passkey_token_acc"): answer-token accuracy}.
+     "passkey_token_acc": mean over cells,
+     cell_name(L, d, "passkey_token_acc"): answer-token accuracy}.
 
-    Data-parallel replicas split a cell's samples (sample i goes to replica i mod data_parallel); each
-    replica's ring runs its samples together; per-sample counts of wrong and of all answer tokens are
-    summed over ranks. The answer mask travels as the batch's weights, so it is sharded like the labels.
+    Data-parallel replicas split a cell's samples (sample i goes to replica i mod data_parallel);
+    each replica's ring runs its samples together; per-sample counts of wrong and of all answer
+    tokens are summed over ranks. The answer mask travels as the batch's weights, so it is sharded
+    like the labels.
     """
     was_training = model.training
     model.eval()
@@ -65,8 +69,9 @@ def passkey_accuracy(
                 2, n, dtype=torch.float32, device=device
             )  # [wrong, answer tokens] per sample
             mine = list(range(mesh.dp_index, n, mesh.data_parallel))
-            # Every rank runs the same number of forwards (FSDP's gathers are collective over all ranks):
-            # a replica with fewer samples runs its last rounds on sample 0 and ignores the result.
+            # Every rank runs the same number of forwards (FSDP's gathers are collective over all
+            # ranks): a replica with fewer samples runs its last rounds on sample 0 and ignores the
+            # result.
             for start in range(
                 0, math.ceil(math.ceil(n / mesh.data_parallel) / chunk) * chunk, chunk
             ):

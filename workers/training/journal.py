@@ -1,9 +1,9 @@
 """Every metric point a rank emits, appended to a file beside the job's checkpoints.
 
-A rank's points wait in its actor's memory until the driver drains them. If the rank dies first they are
-gone, and a retry that resumes from a newer checkpoint never runs those steps again. The journal lets the
-retry re-send them (`read_journal`), so it can always resume from the newest checkpoint. On start a rank
-cuts its journal back to the step it resumes from: the file always holds one history.
+A rank's points wait in its actor's memory until the driver drains them. If the rank dies first they
+are gone, and a retry that resumes from a newer checkpoint never runs those steps again. The journal
+lets the retry re-send them (`read_journal`), so it can always resume from the newest checkpoint. On
+start a rank cuts its journal back to the step it resumes from: the file always holds one history.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class MetricJournal:
 
 
 def read_journal(root: str | Path, rank: int) -> list[MetricPoint]:
-    """The points rank `rank` emitted, in emission order (a trailing half-written line is skipped)."""
+    """The points rank `rank` emitted, in emission order (a trailing half-written line is
+    skipped)."""
     return _read(journal_path(root, rank))
 
 

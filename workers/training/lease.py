@@ -1,10 +1,11 @@
 """Who may write a job's checkpoint directory: the newest attempt, and nobody else (fencing).
 
-A network partition can cut off ranks that are still alive: the driver declares them lost and resumes elsewhere,
-while they keep training and writing checkpoints and journal lines into the same directory (a split brain). Each
-reservation takes the lease with a fresh token before it plans its resume; every rank checks, after each step and
-before any checkpoint or export, that the lease is still its own, and stops with `Fenced` otherwise. A fenced rank
-writes nothing more: at worst the step it was in, never a rotation of the checkpoints its successor reads.
+A network partition can cut off ranks that are still alive: the driver declares them lost and
+resumes elsewhere, while they keep training and writing checkpoints and journal lines into the same
+directory (a split brain). Each reservation takes the lease with a fresh token before it plans its
+resume; every rank checks, after each step and before any checkpoint or export, that the lease is
+still its own, and stops with `Fenced` otherwise. A fenced rank writes nothing more: at worst the
+step it was in, never a rotation of the checkpoints its successor reads.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class Lease:
 
     @classmethod
     def take(cls, root: str | Path, label: str) -> Lease:
-        """Become the directory's only writer (atomic replace; earlier holders notice at their next check)."""
+        """Become the directory's only writer (atomic replace; earlier holders notice at their next
+        check)."""
         path = Path(root) / LEASE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         token = f"{label}-{uuid.uuid4().hex[:12]}"
@@ -46,5 +48,6 @@ class Lease:
     def check(self) -> None:
         if not self.held():
             raise Fenced(
-                f"checkpoint directory {self.path.parent} now belongs to a newer attempt; this one stops"
+                f"checkpoint directory {self.path.parent} now belongs to a newer attempt; "
+                "this one stops"
             )

@@ -1,15 +1,17 @@
-"""Chunked cross-entropy: the weighted token-loss sum without ever holding fp32 logits for the whole shard.
+"""Chunked cross-entropy: the weighted token-loss sum without ever holding fp32 logits for the whole
+shard.
 
-A rank's logits are [tokens, vocab] in fp32: 8.4 GB for 16k local tokens and a 128k vocabulary, more than
-the rest of a step's activations together. Here the output projection and the loss run `chunk` tokens at a
-time, and the gradients are formed in the same pass (softmax − one-hot is known as soon as a chunk's
-log-sum-exp is): forward keeps only d(loss)/d(hidden) [tokens, d_model] and d(loss)/d(weight) [vocab,
-d_model], so the peak of the loss is one chunk's logits whatever the sequence length. Backward then only
-scales those by the incoming gradient (1 for `loss_sum.backward()`, so the values are exact).
+A rank's logits are [tokens, vocab] in fp32: 8.4 GB for 16k local tokens and a 128k vocabulary, more
+than the rest of a step's activations together. Here the output projection and the loss run `chunk`
+tokens at a time, and the gradients are formed in the same pass (softmax − one-hot is known as soon
+as a chunk's log-sum-exp is): forward keeps only d(loss)/d(hidden) [tokens, d_model] and
+d(loss)/d(weight) [vocab, d_model], so the peak of the loss is one chunk's logits whatever the
+sequence length. Backward then only scales those by the incoming gradient (1 for
+`loss_sum.backward()`, so the values are exact).
 
-Precision: logits, log-sum-exp and their gradient in fp32 for any input dtype; the two gradient matmuls
-run in the hidden states' dtype (bf16 on CUDA, like the head's own backward) and the weight gradient is
-accumulated in fp32 across chunks.
+Precision: logits, log-sum-exp and their gradient in fp32 for any input dtype; the two gradient
+matmuls run in the hidden states' dtype (bf16 on CUDA, like the head's own backward) and the weight
+gradient is accumulated in fp32 across chunks.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def linear_cross_entropy_sum(
     token_weights: torch.Tensor,
     chunk: int = DEFAULT_CHUNK_TOKENS,
 ) -> torch.Tensor:
-    """Σ token_weight · CE(hidden @ weightᵀ, label) over all tokens, an fp32 (fp64 for fp64) scalar, differentiable.
+    """Σ token_weight · CE(hidden @ weightᵀ, label) over all tokens, an fp32 (fp64 for fp64) scalar,
+    differentiable.
 
     hidden [..., d_model] (final hidden states), weight [vocab, d_model] (output head), labels and
     token_weights [...] (the leading shape of hidden). Equal to
@@ -106,8 +109,9 @@ def token_losses(
     labels: torch.Tensor,
     chunk: int = DEFAULT_CHUNK_TOKENS,
 ) -> torch.Tensor:
-    """Per-token cross-entropy [...] (fp32, no gradient), `chunk` tokens of logits at a time: for evals that
-    need losses per position (validation by position bucket) without whole-shard logits."""
+    """Per-token cross-entropy [...] (fp32, no gradient), `chunk` tokens of logits at a time: for
+    evals that need losses per position (validation by position bucket) without whole-shard
+    logits."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
     out = torch.empty(y.shape, dtype=torch.float32, device=hidden.device)

@@ -1,4 +1,5 @@
-"""Meta-device models: built without memory, sharded, then each rank materialises and fills only its shards.
+"""Meta-device models: built without memory, sharded, then each rank materialises and fills only its
+shards.
 
 `skeleton(spec)` builds the job's model (its kind's `construct` hook, `workers.models.registry`)
 with every parameter on `meta` (buffers stay real: RoPE's `inv_freq` is computed in `__init__` and
@@ -44,7 +45,8 @@ def parameters_on_meta() -> Iterator[None]:
 
 
 def skeleton(spec: JobSpec) -> RingModel:
-    """The job's model with parameters on `meta`, without activation checkpointing (`parallelize` adds it)."""
+    """The job's model with parameters on `meta`, without activation checkpointing (`parallelize`
+    adds it)."""
     kind = kind_for(spec)
     with parameters_on_meta():
         model: RingModel = kind.construct(spec.model)
@@ -52,7 +54,8 @@ def skeleton(spec: JobSpec) -> RingModel:
 
 
 def materialize(model: nn.Module, spec: JobSpec, device: torch.device) -> None:
-    """Allocate this rank's shards on `device` and fill them (from the seed, or the pretrained files)."""
+    """Allocate this rank's shards on `device` and fill them (from the seed, or the pretrained
+    files)."""
     kind = kind_for(spec)
     if not isinstance(model, kind.model_class):
         built = kind.model_class.__name__

@@ -54,7 +54,8 @@ def _libc() -> Any:
 
 
 def bound_allocator_retention() -> bool:
-    """Large allocations become their own mappings (freed memory goes back at once). False if not glibc."""
+    """Large allocations become their own mappings (freed memory goes back at once). False if not
+    glibc."""
     if os.environ.get("RINGTRAIN_MALLOC", "") == "glibc":
         return False
     libc = _libc()
@@ -129,15 +130,15 @@ class PeakMemory:
 
 
 class LiveTensors(TorchDispatchMode):
-    """Live bytes of the tensors created while active, by label (`phase` set by the caller, plus the op,
-    and with `shapes` the created tensor's shape).
+    """Live bytes of the tensors created while active, by label (`phase` set by the caller, plus the
+    op, and with `shapes` the created tensor's shape).
 
-    Each new storage is counted from the op that created it until it is freed (a weakref finalizer) or
-    resized to nothing (FSDP frees a gathered parameter that way while its storage object lives on, and
-    counted once when it is resized back);
-    `at_peak` is the breakdown when the total was highest. Tensors created before (parameters, optimizer
-    state) are not counted: add them from their own metrics. A view of one of them is the first time the
-    tracker sees its storage, so pass them as `exclude` where they matter (a module's parameters)."""
+    Each new storage is counted from the op that created it until it is freed (a weakref finalizer)
+    or resized to nothing (FSDP frees a gathered parameter that way while its storage object lives
+    on, and counted once when it is resized back); `at_peak` is the breakdown when the total was
+    highest. Tensors created before (parameters, optimizer state) are not counted: add them from
+    their own metrics. A view of one of them is the first time the tracker sees its storage, so pass
+    them as `exclude` where they matter (a module's parameters)."""
 
     def __init__(self, shapes: bool = False, exclude: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
@@ -176,8 +177,8 @@ class LiveTensors(TorchDispatchMode):
     def _recount(self) -> None:
         live: Counter[str] = Counter()
         seen: set[int] = set()
-        # newest first: a storage FSDP resized away and back (a re-gathered parameter) sits under its old
-        # and its new address; it counts once, under the label of the op that refilled it
+        # newest first: a storage FSDP resized away and back (a re-gathered parameter) sits under
+        # its old and its new address; it counts once, under the label of the op that refilled it
         for ref, label, _ in reversed(self._live.values()):
             storage = ref()
             if storage is not None and id(storage) not in seen:

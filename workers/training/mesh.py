@@ -125,9 +125,11 @@ class Mesh:
 
 
 def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> Mesh:
-    """The mesh over the initialized default group (collective: all ranks call it, in the same order).
+    """The mesh over the initialized default group (collective: all ranks call it, in the same
+    order).
 
-    Without torch.distributed only a world of one is possible, and there is nothing to shard over."""
+    Without torch.distributed only a world of one is possible, and there is nothing to shard
+    over."""
     if not (dist.is_available() and dist.is_initialized()):
         if dims.world_size != 1:
             raise RuntimeError(f"{dims.describe()} needs torch.distributed")

@@ -41,7 +41,8 @@ class _Stashed:
 
 @dataclass
 class BlockInputOffload:
-    """Offload state shared by the blocks of one model: the stashed inputs of the current step, in order."""
+    """Offload state shared by the blocks of one model: the stashed inputs of the current step, in
+    order."""
 
     device: torch.device
     stash: list[_Stashed] = field(default_factory=list)
@@ -53,7 +54,7 @@ class BlockInputOffload:
         self.cuda = self.device.type == "cuda"
         self.side = torch.cuda.Stream(self.device) if self.cuda else None
 
-    # -- forward ------------------------------------------------------------------------------------------------
+    # -- forward -----------------------------------------------------------------------------------
     def after_block(self, index: int, x: torch.Tensor, y: torch.Tensor) -> None:
         if index == 0:
             self.stash = []
@@ -89,7 +90,7 @@ class BlockInputOffload:
         x.untyped_storage().resize_(0)
         entry.released = True
 
-    # -- backward -----------------------------------------------------------------------------------------------
+    # -- backward ----------------------------------------------------------------------------------
     def _restore_hook(self, position: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             self._bring_back(position)
@@ -137,7 +138,8 @@ def _owns_storage(x: torch.Tensor) -> bool:
 
 
 def offload_block_inputs(layers: nn.ModuleList, device: torch.device) -> BlockInputOffload:
-    """Patch every block of `layers` (already checkpointed) to keep its input on the host until backward."""
+    """Patch every block of `layers` (already checkpointed) to keep its input on the host until
+    backward."""
     state = BlockInputOffload(device)
     for index, block in enumerate(layers):
         inner = block.forward

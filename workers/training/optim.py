@@ -1,4 +1,5 @@
-"""AdamW with linear warmup + cosine decay (torch's `LambdaLR`), gradient clipping, and `state_bytes`.
+"""AdamW with linear warmup + cosine decay (torch's `LambdaLR`), gradient clipping, and
+`state_bytes`.
 
 Under FSDP every parameter, gradient and AdamW moment is a DTensor shard; the optimizer steps on the
 local shards (fp32 master weights). The global gradient norm is the norm of all shards: torch's
@@ -39,7 +40,8 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of cfg.lr for 0-based `step`: linear warmup to 1, then cosine down to cfg.min_lr_ratio."""
+    """Multiplier of cfg.lr for 0-based `step`: linear warmup to 1, then cosine down to
+    cfg.min_lr_ratio."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     decay_steps = max(1, cfg.steps - cfg.warmup_steps)
@@ -58,7 +60,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Lambd
 
 @torch.no_grad()
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
-    """Global L2 norm of the (already reduced) gradients, before clipping; clips in place if max_norm > 0."""
+    """Global L2 norm of the (already reduced) gradients, before clipping; clips in place if
+    max_norm > 0."""
     with_grad = [p for p in params if p.grad is not None]
     if not with_grad:
         return 0.0
@@ -84,7 +87,8 @@ def _local_bytes(t: torch.Tensor) -> int:
 
 
 def state_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of parameters + gradients + optimizer state this rank holds (its shards, under FSDP)."""
+    """Bytes of parameters + gradients + optimizer state this rank holds (its shards, under
+    FSDP)."""
     total = sum(
         _local_bytes(p) + (_local_bytes(p.grad) if p.grad is not None else 0) for p in params
     )

@@ -3,25 +3,30 @@ torchtitan does: tensor parallelism first (`workers.training.tensor_parallel`: e
 and MLP columns over the mesh's `tp` dimension), then the memory knobs, then FSDP over the rest.
 
 Both model kinds expose their decoder blocks as `model.layers`. Each block becomes its own FSDP unit
-(all-gathered just before it runs, freed after; its gradient reduce-scattered as soon as backward leaves
-it) and the root unit holds the rest (embedding, final norm, head). Sharding is over the whole mesh
-flattened (`Mesh.shard_mesh`), so each rank holds ≈ 1/W of the parameters, gradients and AdamW state.
+(all-gathered just before it runs, freed after; its gradient reduce-scattered as soon as backward
+leaves it) and the root unit holds the rest (embedding, final norm, head). Sharding is over the
+whole mesh flattened (`Mesh.shard_mesh`), so each rank holds ≈ 1/W of the parameters, gradients and
+AdamW state.
 
-Gradients are *summed* (divide factor 1): every rank backpropagates its sum of weighted token losses, and
-the trainer divides by the global token weight, as single-process training does.
+Gradients are *summed* (divide factor 1): every rank backpropagates its sum of weighted token
+losses, and the trainer divides by the global token weight, as single-process training does.
 
-Memory knobs (`train.activation_checkpointing`, `train.tiled_mlp`, `train.offload_activations`) are applied here
-too, before FSDP, the same way for native and pretrained models (both have `model.layers[i].mlp`):
+Memory knobs (`train.activation_checkpointing`, `train.tiled_mlp`, `train.offload_activations`) are
+applied here too, before FSDP, the same way for native and pretrained models (both have
+`model.layers[i].mlp`):
 
-- `full`: each block is recomputed in backward; a rank keeps one input per block (`checkpoint_wrapper`);
-- `selective`: only each block's MLP is recomputed (attention, whose recompute would run the ring again, keeps
-  its saved tensors); with a tiled MLP, the tiles already recompute it and nothing more is wrapped;
+- `full`: each block is recomputed in backward; a rank keeps one input per block
+  (`checkpoint_wrapper`);
+- `selective`: only each block's MLP is recomputed (attention, whose recompute would run the ring
+  again, keeps its saved tensors); with a tiled MLP, the tiles already recompute it and nothing more
+  is wrapped;
 - tiled MLP (`workers.training.tiling`): each MLP runs over sequence tiles, forward and backward;
-- offload (`workers.training.offload`): the kept block inputs go to pinned host memory until backward.
+- offload (`workers.training.offload`): the kept block inputs go to pinned host memory until
+  backward.
 
 CUDA: bf16 parameters for compute, fp32 reductions; the sharded parameters (the optimizer's master
-weights) stay fp32. Block inputs are not cast (`cast_forward_inputs=False`) so the fp32 RoPE tables reach
-the blocks unrounded; the residual stream is bf16 because the gathered embedding is.
+weights) stay fp32. Block inputs are not cast (`cast_forward_inputs=False`) so the fp32 RoPE tables
+reach the blocks unrounded; the residual stream is bf16 because the gathered embedding is.
 """
 
 from __future__ import annotations
@@ -73,14 +78,16 @@ def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
-    """Recompute each block's activations in backward (non-reentrant: composes with FSDP's hooks)."""
+    """Recompute each block's activations in backward (non-reentrant: composes with FSDP's
+    hooks)."""
     layers: nn.ModuleList = model.layers  # type: ignore[assignment]
     for i, block in enumerate(layers):
         layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
 def apply_mlp_checkpointing(model: nn.Module) -> None:
-    """Selective: recompute each block's MLP in backward (its forward patched, so names stay unchanged)."""
+    """Selective: recompute each block's MLP in backward (its forward patched, so names stay
+    unchanged)."""
     for block in model.layers:  # type: ignore[union-attr]
         mlp: nn.Module = block.mlp
         inner = mlp.forward
@@ -101,7 +108,8 @@ def apply_tiled_mlp(model: nn.Module, tiled_mlp: str | int, d_model: int) -> Non
 
 
 def apply_fsdp(model: nn.Module, mesh: Mesh, device: torch.device) -> None:
-    """Shard per block, then the root; `features` (the chunked loss's entry) gathers like `forward`."""
+    """Shard per block, then the root; `features` (the chunked loss's entry) gathers like
+    `forward`."""
     assert mesh.shard_mesh is not None
     policy = mixed_precision(device)
     for block in model.layers:  # type: ignore[union-attr]

@@ -11,12 +11,12 @@ sequence parallelism): a rank holds 1/T of its local tokens' hidden states, norm
 (`SequenceParallel`, their weights replicated and their gradients summed by DTensor), and the
 attention and MLP gather the whole local sequence before their column-wise projections; the row-wise
 ones reduce-scatter back to pieces. Per block that is an all-gather and a reduce-scatter each for
-attention and MLP (the bytes of one all-reduce each), and what full activation checkpointing keeps per
-block, its input, is 1/T as large: on long contexts that input is the floor of memory per token. The
-embedding's output is sliced into the pieces and the final norm's input gathered back, so the loss
-(chunked, so the vocabulary is not split either: one chunk of logits at a time), the evaluations and
-the embedding and head see the whole local sequence on every tensor rank, and their gradients agree
-without communication (the trainer counts a tensor group's tokens once).
+attention and MLP (the bytes of one all-reduce each), and what full activation checkpointing keeps
+per block, its input, is 1/T as large: on long contexts that input is the floor of memory per token.
+The embedding's output is sliced into the pieces and the final norm's input gathered back, so the
+loss (chunked, so the vocabulary is not split either: one chunk of logits at a time), the
+evaluations and the embedding and head see the whole local sequence on every tensor rank, and their
+gradients agree without communication (the trainer counts a tensor group's tokens once).
 
 Plans (`plan_for`) are each model kind's (`ModelKind.tp_plan` in `workers/models/registry.py`): the
 native model's is `NATIVE_PLAN` (`models/llama.py`); a pretrained family's comes from its
@@ -89,7 +89,8 @@ def plan_for(model: nn.Module) -> dict[str, str]:
 
 def _to_full(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """A tensor rank's piece of the local sequence (plain, or a DTensor sharded on it) -> the whole
-    local sequence on every tensor rank (all-gather; backward: each rank keeps its piece's gradient)."""
+    local sequence on every tensor rank (all-gather; backward: each rank keeps its piece's
+    gradient)."""
     piece = (
         x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
     )

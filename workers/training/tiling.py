@@ -24,9 +24,9 @@ Forward = Callable[[torch.Tensor], torch.Tensor]
 
 
 class _TiledMLP(torch.autograd.Function):
-    """forward(x) = cat(mlp(tile) for tile in x's token tiles); saves x only. The parameters are explicit
-    inputs (`flat`), so their gradients flow through autograd's usual accumulation (and FSDP's post-backward
-    hooks); `params` is the same tuple, kept to name them in backward."""
+    """forward(x) = cat(mlp(tile) for tile in x's token tiles); saves x only. The parameters are
+    explicit inputs (`flat`), so their gradients flow through autograd's usual accumulation (and
+    FSDP's post-backward hooks); `params` is the same tuple, kept to name them in backward."""
 
     @staticmethod
     @custom_fwd(device_type="cuda")  # backward re-enters the forward's autocast state
@@ -64,10 +64,11 @@ class _TiledMLP(torch.autograd.Function):
         want_x = ctx.needs_input_grad[3]
         rows, grad_rows = x.reshape(-1, x.shape[-1]), grad_out.reshape(-1, grad_out.shape[-1])
         grad_x = torch.empty_like(rows) if want_x else None
-        # The parameters' gradients are summed over the tiles in their own `.grad`, where autograd adds
-        # each weight's tile gradient as soon as it exists: one transient weight gradient at a time,
-        # where collecting a tile's gradients first would hold all of them next to the running sums.
-        # Whatever `.grad` held before is put back, and the sums go out as this function's gradients.
+        # The parameters' gradients are summed over the tiles in their own `.grad`, where autograd
+        # adds each weight's tile gradient as soon as it exists: one transient weight gradient at a
+        # time, where collecting a tile's gradients first would hold all of them next to the running
+        # sums. Whatever `.grad` held before is put back, and the sums go out as this function's
+        # gradients.
         held = [p.grad for p in params]
         for p in params:
             p.grad = None

@@ -3,9 +3,9 @@
 
 The same held-out batches at every eval (`TokensSource.validation_batches`), sharded like training
 batches, forward only. Every weighted token loss is summed into a bucket by its position inside its
-document (windows: inside the window); buckets are [0, 64), [64, 128), ... doubling up to seq_len, so
-a model that uses its long context shows lower loss in the later buckets. Sums of loss and of weight per
-bucket are all-reduced over every rank: the global token mean, as in training.
+document (windows: inside the window); buckets are [0, 64), [64, 128), ... doubling up to seq_len,
+so a model that uses its long context shows lower loss in the later buckets. Sums of loss and of
+weight per bucket are all-reduced over every rank: the global token mean, as in training.
 """
 
 from __future__ import annotations
