@@ -17,8 +17,9 @@ MAX_MLP_TILES = 4096  # train.tiled_mlp: a tile count beyond this is a typo
 class StrictModel(BaseModel):
     """Unknown fields are errors; floats must be finite; counts must be real integers.
 
-    pydantic's lax mode would read `steps: true` as 1 and `steps: "10"` as 10; for sizes and counts that is a
-    typo to report, not to guess. (Floats stay lax: PyYAML reads `3e-4` as text, and that should still work.)
+    pydantic's lax mode would read `steps: true` as 1 and `steps: "10"` as 10; for sizes and counts
+    that is a typo to report, not to guess. (Floats stay lax: PyYAML reads `3e-4` as text, and that
+    should still work.)
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)

@@ -52,7 +52,8 @@ class MemoryKnobs:
         )
 
     def fields(self) -> dict[str, Any]:
-        """The `train` fields these knobs are (for `TrainConfig.model_copy(update=...)` and JSON)."""
+        """The `train` fields these knobs are (for `TrainConfig.model_copy(update=...)` and
+        JSON)."""
         return asdict(self)
 
     def problem(self, *, cuda: bool) -> tuple[str, str] | None:

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 
 class ModelConfig(StrictModel):
-    """The built-in Llama-style decoder, trained from scratch (`model.kind: native`, the default)."""
+    """The built-in Llama-style decoder, trained from scratch (`model.kind: native`, the
+    default)."""
 
     kind: Literal["native"] = "native"
     vocab_size: int = Field(256, ge=2, le=1 << 20, description="256 = byte-level tokenizer")

@@ -22,7 +22,8 @@ SKIP_FILE_CHECKS = {
 
 
 class RopeScaling(StrictModel):
-    """A RoPE scaling override (transformers' `rope_parameters` keys) for extending a pretrained model's context."""
+    """A RoPE scaling override (transformers' `rope_parameters` keys) for extending a pretrained
+    model's context."""
 
     rope_type: Literal["linear", "dynamic", "yarn", "llama3"]
     factor: float = Field(..., ge=1.0, le=1024.0)
@@ -65,12 +66,14 @@ class RopeScaling(StrictModel):
 
 
 class HFModelConfig(StrictModel):
-    """A pretrained Hugging Face causal LM from a local directory (`config.json`, `*.safetensors`, tokenizer).
+    """A pretrained Hugging Face causal LM from a local directory (`config.json`, `*.safetensors`,
+    tokenizer).
 
     Validation reads `config.json` (only that) and refuses what ringtrain cannot train exactly. The
-    architecture properties (`d_model`, `n_layers`, ...) mirror the native `ModelConfig`'s, read from
-    `config.json`, so planners and reports need no second code path. Pass `context=SKIP_FILE_CHECKS` to
-    re-read a spec that was validated at submission (the directory may live only on the cluster).
+    architecture properties (`d_model`, `n_layers`, ...) mirror the native `ModelConfig`'s, read
+    from `config.json`, so planners and reports need no second code path. Pass
+    `context=SKIP_FILE_CHECKS` to re-read a spec that was validated at submission (the directory may
+    live only on the cluster).
     """
 
     kind: Literal["hf"]
@@ -119,16 +122,19 @@ class HFModelConfig(StrictModel):
 
     @property
     def shape_known(self) -> bool:
-        """Whether config.json was read (it is not under SKIP_FILE_CHECKS): the size properties need it."""
+        """Whether config.json was read (it is not under SKIP_FILE_CHECKS): the size properties need
+        it."""
         return "hf_config" in self.__dict__
 
     @cached_property
     def hf_config(self) -> dict[str, Any]:
-        """config.json with the spec's overrides applied, RoPE in transformers' `rope_parameters` form (read once)."""
+        """config.json with the spec's overrides applied, RoPE in transformers' `rope_parameters`
+        form (read once)."""
         return pretrained_config(self.path, **self.overrides())
 
     def overrides(self) -> dict[str, Any]:
-        """The spec's RoPE overrides as `pretrained_config` / `load_pretrained` keyword arguments."""
+        """The spec's RoPE overrides as `pretrained_config` / `load_pretrained` keyword
+        arguments."""
         return {
             "rope_scaling": self.rope_scaling.model_dump(exclude_none=True)
             if self.rope_scaling
@@ -206,7 +212,8 @@ class HFModelConfig(StrictModel):
         return problems
 
     def rope_context(self) -> int:
-        """Tokens the RoPE settings cover: max_position_embeddings, or factor × the pretraining context."""
+        """Tokens the RoPE settings cover: max_position_embeddings, or factor × the pretraining
+        context."""
         c = self.hf_config
         rp = c["rope_parameters"]
         if rp.get("rope_type", "default") in ROPE_TYPES:
@@ -217,7 +224,8 @@ class HFModelConfig(StrictModel):
         return int(c["max_position_embeddings"])
 
     def sliding_window(self) -> int | None:
-        """The sliding attention window some layers use, or None (ring attention is full causal attention)."""
+        """The sliding attention window some layers use, or None (ring attention is full causal
+        attention)."""
         c = self.hf_config
         window = c.get("sliding_window")
         if not window:
@@ -234,7 +242,8 @@ class HFModelConfig(StrictModel):
 
 
 def read_config_json(path: str) -> dict[str, Any]:
-    """A model directory's config.json as a dict; ValueError naming what is wrong (for `model.path`)."""
+    """A model directory's config.json as a dict; ValueError naming what is wrong (for
+    `model.path`)."""
     import json
     from pathlib import Path
 
@@ -280,7 +289,8 @@ def read_config_json(path: str) -> dict[str, Any]:
 
 
 def check_pretrained_dir(path: str) -> None:
-    """The directory exists and holds weights and tokenizer files (their contents are read at training time)."""
+    """The directory exists and holds weights and tokenizer files (their contents are read at
+    training time)."""
     from pathlib import Path
 
     d = Path(path)
@@ -309,7 +319,8 @@ def pretrained_config(
     rope_theta: float | None = None,
     max_position_embeddings: int | None = None,
 ) -> dict[str, Any]:
-    """config.json with RoPE overrides applied, RoPE in one `rope_parameters` dict (transformers ≥ 5's form).
+    """config.json with RoPE overrides applied, RoPE in one `rope_parameters` dict
+    (transformers ≥ 5's form).
 
     A scaling override that needs the pretraining context (yarn, llama3) gets config.json's
     `max_position_embeddings` unless it names `original_max_position_embeddings` itself.

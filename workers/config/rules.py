@@ -13,13 +13,15 @@ if TYPE_CHECKING:
 
 
 def rope_coverage_warning(spec: JobSpec) -> str | None:
-    """A `plan` warning when training/eval contexts exceed what the pretrained model's RoPE settings cover."""
+    """A `plan` warning when training/eval contexts exceed what the pretrained model's RoPE settings
+    cover."""
     covered = spec.model.rope_context()
     longest = max([spec.data.seq_len, *spec.eval_context_lengths()])
     if covered is None or longest <= covered:
         return None
     return (
-        f"contexts up to {longest} tokens exceed the {covered} that the model's RoPE settings cover; "
+        f"contexts up to {longest} tokens exceed the {covered} "
+        "that the model's RoPE settings cover; "
         "set model.rope_scaling (e.g. {rope_type: yarn, factor: ...}) to extend the context"
     )
 
@@ -52,7 +54,8 @@ def ulysses_heads_problem(
     model: ModelSection, ulysses_size: int, tensor_size: int = 1
 ) -> str | None:
     """Why a tensor rank's heads cannot be split over a Ulysses group (`workers.attention.ulysses`'
-    GQA rule), or None. With tensor parallelism the Ulysses group splits each tensor rank's share."""
+    GQA rule), or None. With tensor parallelism the Ulysses group splits each tensor rank's
+    share."""
     t, u = tensor_size, ulysses_size
     h, kv = model.n_heads // t, model.kv_heads // t
     if u == 1:
