@@ -390,9 +390,9 @@ def trains_on_while_down(
 def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(
     tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
 ) -> None:
-    # Still running when the kill comes (right after checkpoint 10), even with the driver's metrics
-    # lagging: 50 steps of margin, ~15 s at the ~0.3 s a step takes on 2 loaded cores.
-    steps = 60
+    # Still running when the kill comes (right after checkpoint 10 is seen; a dead rank stops the
+    # ring at once): 30 steps of margin, ~10 s at the ~0.3 s a step takes on 2 loaded cores.
+    steps = 40
     js = spec(steps, max_restarts=2, name="kill-rank", eval={"every_steps": 50, "samples": 2})
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]
@@ -434,7 +434,7 @@ def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(
 def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart_left(
     tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
 ) -> None:
-    steps = 60  # still running when the driver is killed (see test 1)
+    steps = 40  # still running when the driver is killed (see test 1)
     js = spec(steps, max_restarts=1, name="kill-driver")
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
         # a restart left: RETRYING, a new driver (attempt 1) resumes from the newest checkpoint, SUCCEEDED, exactly once
@@ -554,7 +554,7 @@ def test_control_plane_sigkill_reattaches_running_job(serve: ServeProcess, tmp_p
 def test_control_plane_and_rank_killed_together(
     serve: ServeProcess, ray_head: RayHead, tmp_path: Path
 ) -> None:
-    steps = 70  # the kills come right after checkpoint 10: 60 steps of margin
+    steps = 45  # the kills come right after checkpoint 10: 35 steps of margin
     js = spec(steps, every=5, max_restarts=2, name="kill-both")
     serve.start()
     with http(serve.url) as c:
