@@ -23,6 +23,7 @@ from api.schemas import (
     MetricPage,
 )
 from service import admission, capacity
+from service.init_from import InitFromRefused, resolve_init_from
 from service.launcher import ClusterInfo
 from service.planner import GIB, device_memory, plan
 from service.verification import Outcome, verification_is
@@ -136,6 +137,18 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
     QUEUED."""
     spec = parse_spec(await request.body(), request.headers.get("content-type"))
     check_data_path(spec, ctx.settings.resolved_data_roots())
+    if spec.init_from is not None:
+        try:
+            spec = await asyncio.to_thread(
+                resolve_init_from,
+                spec,
+                owner,
+                ctx.store,
+                ctx.settings.checkpoint_dir,
+                ctx.settings.resolved_data_roots(),
+            )
+        except InitFromRefused as e:
+            raise ApiError(422, str(e), field=e.field) from e
     if spec.parallel.ring_auto:  # resolved now, against the devices' memory, and stored so
         spec = await resolve_ring_auto(ctx, spec)
     cluster = await check_against_cluster(ctx, spec)

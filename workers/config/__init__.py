@@ -9,6 +9,7 @@ value), `rules` (cross-section rules the planner also asks), `spec` (`JobSpec`, 
 """
 
 from workers.config.base import MAX_MLP_TILES, MAX_SEQ_LEN, MAX_WORLD, Layout, StrictModel
+from workers.config.init_from import InitFrom, architecture_problem
 from workers.config.knobs import CANDIDATES as KNOB_CANDIDATES
 from workers.config.knobs import MemoryKnobs, mlp_tiles
 from workers.config.models import MODEL_CONFIGS, ModelConfig, ModelSection
@@ -59,6 +60,7 @@ __all__ = [
     "DataConfig",
     "EvalConfig",
     "HFModelConfig",
+    "InitFrom",
     "JobSpec",
     "Layout",
     "MemoryKnobs",
@@ -73,6 +75,7 @@ __all__ = [
     "TokensData",
     "TrainConfig",
     "VerifyConfig",
+    "architecture_problem",
     "check_pretrained_dir",
     "load_spec",
     "mlp_tiles",

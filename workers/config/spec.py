@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from workers.config.base import MAX_SEQ_LEN, MAX_WORLD, StrictModel, fail
+from workers.config.init_from import InitFrom
 from workers.config.models import MODEL_CONFIGS, ModelConfig, ModelSection
 from workers.config.rules import seq_multiple, tensor_heads_problem, ulysses_heads_problem
 from workers.config.sections import (
@@ -35,6 +36,9 @@ class JobSpec(StrictModel):
     max_restarts: int = Field(2, ge=0, le=100)
     priority: int = Field(
         0, ge=-1000, le=1000, description="higher starts first when jobs wait for capacity"
+    )
+    init_from: InitFrom | None = Field(
+        None, description="start from another job's checkpoint: weights, or the full state"
     )
 
     @field_validator("name")

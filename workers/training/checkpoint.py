@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -42,12 +41,17 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-STEP_DIR = re.compile(r"^step-(\d{6,})$")
-STATE_FILE = "state.pt"  # the completion marker: the last file written
+from workers.checkpoint_layout import STATE_FILE, latest_step, list_steps, step_dir
 
-
-def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"step-{step:06d}"
+__all__ = [
+    "STATE_FILE",
+    "latest_step",
+    "list_steps",
+    "load_checkpoint",
+    "read_weights",
+    "save_checkpoint",
+    "step_dir",
+]
 
 
 def _dist() -> tuple[int, int]:
@@ -78,24 +82,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def list_steps(root: str | Path) -> list[int]:
-    """Completed checkpoint steps in `root`, ascending (temporary directories are ignored)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    steps = []
-    for p in root.iterdir():
-        m = STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / STATE_FILE).exists():
-            steps.append(int(m.group(1)))
-    return sorted(steps)
-
-
-def latest_step(root: str | Path) -> int | None:
-    steps = list_steps(root)
-    return steps[-1] if steps else None
 
 
 def rng_state() -> dict[str, Any]:

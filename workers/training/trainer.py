@@ -135,7 +135,9 @@ class Trainer:
     def load(self, step: int) -> None:
         """Continue from the checkpoint at `step` (0: from scratch). Explicit on purpose: the caller decides
         which checkpoint (the driver's recovery, or `latest` for the torchrun entry), never this class."""
-        if step > 0:
+        if step == 0 and self.spec.init_from is not None:
+            self._init_from()
+        elif step > 0:
             if self.checkpoint_dir is None:
                 raise ValueError(f"cannot resume from step {step} without a checkpoint directory")
             state = load_checkpoint(self.checkpoint_dir, step, self.model, self.optimizer)
@@ -153,6 +155,27 @@ class Trainer:
             if self.needs_verification and self._verified_at(step):
                 self.needs_verification = False  # an earlier attempt checked this start
             self.journal = MetricJournal(self.checkpoint_dir, self.mesh.rank, step)
+
+    def _init_from(self) -> None:
+        """A new job's start from another run's checkpoint (`workers.config.init_from`), resharded
+        onto this job's shape: the weights only (step 1 next, this job's own optimizer and
+        schedule), or the full state (optimizer, schedule and data position too; the step count
+        continues). The job's own checkpoints, once it has some, win over this (`load(step > 0)`)."""
+        src = self.spec.init_from
+        assert src is not None
+        if src.checkpoint is None or src.step is None:
+            raise ValueError(
+                "init_from is resolved to a checkpoint directory and step at submission "
+                "(or give both for the torchrun entry)"
+            )
+        full = src.state == "full"
+        state = load_checkpoint(
+            src.checkpoint, src.step, self.model, self.optimizer if full else None
+        )
+        if full:
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.data.load_state_dict(state["data"])
+            self.step, self.last_loss = src.step, state.get("extra", {}).get("loss")
 
     def _verified_at(self, step: int) -> bool:
         """Whether rank 0's journal holds a passed verification at `step` (an earlier attempt of
