@@ -145,7 +145,9 @@ def test_a_budget_equal_to_the_estimate_fits() -> None:
     budget = _total(spec, 1, FULL_TILED)
     assert _total(spec, 1, FULL) > budget  # the bracket this test relies on
     f = fit(spec, _cpu_cluster(2, 8, 64), budget)
-    assert f.fits and (f.ring_size, f.ulysses_size) == (1, 1) and f.knobs == MemoryKnobs(**FULL_TILED)
+    assert (
+        f.fits and (f.ring_size, f.ulysses_size) == (1, 1) and f.knobs == MemoryKnobs(**FULL_TILED)
+    )
 
 
 def test_data_parallel_replicas_count_against_the_clusters_devices() -> None:
