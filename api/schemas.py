@@ -22,6 +22,7 @@ from service.launcher import NodeInfo
 from service.models import Job, Transition
 from service.planner import GIB, Fit, Plan
 from service.verification import verification_of
+from workers.config import MemoryKnobs
 from workers.protocol import JobState, RankPlacement
 
 
@@ -133,6 +134,14 @@ class JobOut(_FromRow):
     verification: VerificationOut | None = Field(
         None, description="the pre-training check of the job's math; null before it, or disabled"
     )
+    memory_knobs: str = Field(
+        "", description="the spec's memory knobs in words (what the dashboard and CLI show)"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _knobs_in_words(self) -> JobOut:
+        self.memory_knobs = MemoryKnobs.read(self.spec.get("train", {})).describe()
+        return self
 
     @pydantic.model_validator(mode="after")
     def _only_while_waiting(self) -> JobOut:

@@ -194,7 +194,10 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     # the stored shape and memory knobs (what a ring_size: auto job was resolved to)
     shape = page.locator("#job-shape").inner_text()
     assert shape == "dp 1 × ring 4 × ulysses 1 × tensor 1 (zigzag), seq_len 256", shape
-    assert page.locator("#job-memory").inner_text() == "checkpointing none, tiled MLP off"
+    assert (
+        page.locator("#job-memory").inner_text()
+        == "activation_checkpointing none, tiled_mlp off, offload_activations false"
+    )
     wait_js(page, "() => document.querySelector('#ring svg .sub')?.textContent.includes('GiB')")
     # the passkey grid
     grid = page.locator("#passkey-grid")

@@ -106,7 +106,7 @@ export function mountJob(root, jobId) {
           h("dt", {}, "Verified"), h("dd#job-verification", {}, verificationBadge(job)),
           h("dt", {}, "Restarts"), h("dd", {}, `${job.restarts} of ${job.spec?.max_restarts ?? "?"}`),
           h("dt", {}, "Parallel"), h("dd#job-shape", {}, shapeText(job.spec)),
-          h("dt", {}, "Memory"), h("dd#job-memory", {}, knobsText(job.spec?.train)),
+          h("dt", {}, "Memory"), h("dd#job-memory", {}, job.memory_knobs || ""),
           Object.keys(meta).length ? [h("dt", {}, "Runtime"), h("dd.mono", {},
             Object.entries(meta).map(([k, v]) => `${k}=${v}`).join("  "))] : null)),
       h("div", {}, cancel)));
@@ -121,12 +121,6 @@ export function mountJob(root, jobId) {
     const p = spec?.parallel || {};
     return `dp ${p.data_parallel ?? 1} × ring ${p.ring_size ?? "?"} × ulysses ${p.ulysses_size ?? 1}` +
       ` × tensor ${p.tensor_size ?? 1} (${p.layout ?? ""}), seq_len ${spec?.data?.seq_len ?? "?"}`;
-  }
-
-  function knobsText(train) {
-    const t = train || {};
-    return `checkpointing ${t.activation_checkpointing ?? "?"}, tiled MLP ${t.tiled_mlp ?? "off"}` +
-      (t.offload_activations ? ", offloaded activations" : "");
   }
 
   // The pre-training check of the job's math (derived by the server from the verify_* points).
