@@ -13,7 +13,7 @@ from workers.parallel_dims import ParallelDims
 
 
 class CurriculumStage(StrictModel):
-    """Train `steps` steps on contexts of `seq_len` tokens (a curriculum stage, before data.seq_len)."""
+    """A curriculum stage: `steps` steps on contexts of `seq_len` tokens, before data.seq_len."""
 
     steps: int = Field(..., ge=1, le=10_000_000)
     seq_len: int = Field(..., ge=64, le=MAX_SEQ_LEN)
@@ -34,12 +34,14 @@ class PasskeyData(StrictModel):
     curriculum: list[CurriculumStage] = Field(
         default_factory=list,
         max_length=32,
-        description="shorter contexts first: stages trained in order, then data.seq_len for the remaining steps",
+        description="shorter contexts first: stages trained in order, then data.seq_len for the "
+        "remaining steps",
     )
 
 
 class TextData(StrictModel):
-    """A local corpus (.txt, .jsonl, .parquet) packed into seq_len windows, byte-level tokens by default."""
+    """A local corpus (.txt, .jsonl, .parquet) made into seq_len sequences (`pack`), byte-level
+    tokens by default."""
 
     kind: Literal["text"] = "text"
     seq_len: int = Field(4096, ge=16, le=MAX_SEQ_LEN)
@@ -49,22 +51,24 @@ class TextData(StrictModel):
     )
     pack: Literal["windows", "documents"] = Field(
         "windows",
-        description="windows: the corpus as one token stream cut into seq_len windows; documents: whole documents "
-        "packed into each sequence, positions restarting per document, no attention across documents",
+        description="windows: the corpus as one token stream cut into seq_len windows; "
+        "documents: whole documents packed into each sequence, positions restarting per document, "
+        "no attention across documents",
     )
 
     @field_validator("path", "text_field")
     @classmethod
     def _printable(cls, v: str) -> str:
-        # a NUL or other control character is never part of a real file or field name, and os/pathlib
-        # functions raise ValueError on NUL instead of answering
+        # a NUL or other control character is never part of a real file or field name, and
+        # os/pathlib functions raise ValueError on NUL instead of answering
         if not v.isprintable():
             raise ValueError("must not contain control or other non-printable characters")
         return v
 
 
 class TokensData(StrictModel):
-    """A prepared dataset directory (`ringtrain data prepare`): token shards read through memory maps."""
+    """A prepared dataset directory (`ringtrain data prepare`): token shards read through memory
+    maps."""
 
     kind: Literal["tokens"] = "tokens"
     seq_len: int = Field(4096, ge=16, le=MAX_SEQ_LEN)
@@ -73,8 +77,9 @@ class TokensData(StrictModel):
     )
     pack: Literal["documents", "windows"] = Field(
         "documents",
-        description="documents: whole documents packed into each sequence, positions restarting per document, no "
-        "attention across documents; windows: the documents as one stream cut into seq_len windows",
+        description="documents: whole documents packed into each sequence, positions restarting "
+        "per document, no attention across documents; windows: the documents as one stream cut "
+        "into seq_len windows",
     )
     validation: float | str = Field(
         0.0,
@@ -190,11 +195,13 @@ class TrainConfig(StrictModel):
     seed: int = Field(0, ge=0, le=2**63 - 1)
     activation_checkpointing: Checkpointing = Field(
         "none",
-        description="recompute in backward: none, selective (each MLP), full (each block); true = full",
+        description="recompute in backward: none, selective (each MLP), full (each block); "
+        "true = full",
     )
     tiled_mlp: Literal["off", "auto"] | int = Field(
         "off",
-        description="run each MLP over N sequence tiles (auto: N from the local length); off = 1 tile",
+        description="run each MLP over N sequence tiles (auto: N from the local length); "
+        "off = 1 tile",
     )
     offload_activations: bool = Field(
         False, description="CUDA: checkpointed block inputs in pinned host memory until backward"

@@ -44,8 +44,8 @@ class JobSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        # isprintable() also refuses DEL, C1 controls (e.g. a terminal's CSI), bidi overrides and lone
-        # surrogates, which `ord(c) < 32` let through into terminals, logs and the dashboard
+        # isprintable(), not just `ord(c) < 32`: DEL, C1 controls (e.g. a terminal's CSI), bidi
+        # overrides and lone surrogates must not reach terminals, logs and the dashboard either
         if not v.strip() or not v.isprintable():
             raise ValueError("name must be printable (no control characters) and not blank")
         return v
@@ -53,7 +53,8 @@ class JobSpec(StrictModel):
     @field_validator("model", mode="wrap")
     @classmethod
     def _model_kind(cls, v: Any, handler: Any, info: Any) -> ModelSection:
-        """`kind` picks the class (native when absent) so errors stay at `model.<field>`, with no union tag."""
+        """`kind` picks the class (native when absent) so errors stay at `model.<field>`, with no
+        union tag."""
         if isinstance(v, dict):
             kind = v.get("kind", "native")
             model_cls = MODEL_CONFIGS.get(kind) if isinstance(kind, str) else None
@@ -84,8 +85,8 @@ class JobSpec(StrictModel):
             fail(
                 "data.seq_len",
                 self.data.seq_len,
-                f"data.seq_len ({self.data.seq_len}) must be divisible by {need} for the {p.layout} layout "
-                f"with parallel.ring_size={ring}"
+                f"data.seq_len ({self.data.seq_len}) must be divisible by {need} for the "
+                f"{p.layout} layout with parallel.ring_size={ring}"
                 + (f" and parallel.ulysses_size={p.ulysses_size}" if p.ulysses_size > 1 else "")
                 + (f" and parallel.tensor_size={p.tensor_size}" if p.tensor_size > 1 else ""),
             )
@@ -99,8 +100,8 @@ class JobSpec(StrictModel):
             fail(
                 "train.batch_size",
                 self.train.batch_size,
-                f"train.batch_size ({self.train.batch_size}) is the global batch and must be divisible by "
-                f"parallel.data_parallel ({p.data_parallel})",
+                f"train.batch_size ({self.train.batch_size}) is the global batch and must be "
+                f"divisible by parallel.data_parallel ({p.data_parallel})",
             )
         if p.data_parallel * ring * p.ulysses_size * p.tensor_size > MAX_WORLD:
             fail(
@@ -122,7 +123,8 @@ class JobSpec(StrictModel):
                 fail(
                     f"eval.context_lengths.{i}",
                     length,
-                    f"eval context length {length} must be in [64, {MAX_SEQ_LEN}] and divisible by {need}",
+                    f"eval context length {length} must be in [64, {MAX_SEQ_LEN}] and divisible "
+                    f"by {need}",
                 )
         if self.data.kind == "passkey" and self.data.seq_len < 16 * self.data.key_digits:
             fail("data.seq_len", self.data.seq_len, "data.seq_len is too short to hide a passkey")
@@ -150,7 +152,8 @@ class JobSpec(StrictModel):
 
 
 def load_spec(text: str) -> JobSpec:
-    """Parse a YAML or JSON job spec (YAML is a superset of JSON). Aliases are refused: no YAML bombs."""
+    """Parse a YAML or JSON job spec (YAML is a superset of JSON). Aliases are refused (no YAML
+    bombs), and so are duplicate keys."""
     import yaml
 
     class _NoAliasLoader(yaml.SafeLoader):

@@ -1,18 +1,21 @@
-"""Step checkpoints with torch.distributed.checkpoint (DCP): every rank writes only the shards it holds.
+"""Step checkpoints with torch.distributed.checkpoint (DCP): every rank writes only the shards it
+holds.
 
-    step-000050/.metadata, __<rank>_0.distcp   model + optimizer state (DCP: sharded, global shapes)
-    step-000050/rng-rank00003.pt               torch/cuda (own device)/python/numpy RNG of rank 3
-    step-000050/state.pt                       {"step", "scheduler", "data", "extra"}: rank 0, written last
+    step-000050/
+        .metadata, __<rank>_0.distcp   model + optimizer state (DCP: sharded, global shapes)
+        rng-rank00003.pt               torch/cuda (own device)/python/numpy RNG of rank 3
+        state.pt                       {"step", "scheduler", "data", "extra"}: rank 0, written last
 
-Because DCP records every tensor by its global shape and each shard by its offsets, a checkpoint loads
-into any sharding: another ring size, data-parallel width or Ulysses size, or one unsharded process
-(`read_weights`, `load_checkpoint` on a plain model). The model is saved under its clean parameter
-names (`get_state_dict` drops FSDP and activation-checkpoint wrappers).
+Because DCP records every tensor by its global shape and each shard by its offsets, a checkpoint
+loads into any sharding: another ring size, data-parallel width or Ulysses size, or one unsharded
+process (`read_weights`, `load_checkpoint` on a plain model). The model is saved under its clean
+parameter names (`get_state_dict` drops FSDP and activation-checkpoint wrappers).
 
-Atomic: everything goes into a hidden `.tmp-step-…` directory, is fsynced, then renamed into place, and
-a `step-…` directory counts only with its `state.pt` (written after every rank's files are on disk), so a
-crash mid-write leaves nothing that can be picked up. Re-saving a step swaps the old one out whole, and
-retention renames a step out of sight (`.old-step-…`) before deleting it, so a crash mid-delete cannot either.
+Atomic: everything goes into a hidden `.tmp-step-…` directory, is fsynced, then renamed into place,
+and a `step-…` directory counts only with its `state.pt` (written after every rank's files are on
+disk), so a crash mid-write leaves nothing that can be picked up. Re-saving a step swaps the old one
+out whole, and retention renames a step out of sight (`.old-step-…`) before deleting it, so a crash
+mid-delete cannot either.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ def _barrier() -> None:
 
 @contextmanager
 def _dcp(single: bool) -> Iterator[None]:
-    """DCP warns on every single-process save/load that it assumes one process: that is the intent here."""
+    """DCP warns on every single-process save/load that it assumes one process: that is the intent
+    here."""
     with warnings.catch_warnings():
         if single:
             warnings.filterwarnings(
@@ -105,7 +109,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _tensor_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """What DCP saves and loads in place: {"model": …, "optim": …} with sharded (DTensor) values under FSDP."""
+    """What DCP saves and loads in place: {"model": …, "optim": …} with sharded (DTensor) values
+    under FSDP."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -113,8 +118,8 @@ def _tensor_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 def _hide(step: Path) -> None:
-    """Rename a step out of sight; `_sweep` deletes it. A process killed mid-delete must not leave a visible step
-    whose marker survived and whose shards did not."""
+    """Rename a step out of sight; `_sweep` deletes it. A process killed mid-delete must not leave a
+    visible step whose marker survived and whose shards did not."""
     step.rename(step.with_name(f".old-{step.name}"))
 
 
@@ -133,7 +138,8 @@ def save_checkpoint(
     keep: int,
     optimizer: torch.optim.Optimizer | None = None,
 ) -> Path:
-    """Collective: every rank calls it. Returns the final directory. `state` is rank 0's replicated state."""
+    """Collective: every rank calls it. Returns the final directory. `state` is rank 0's replicated
+    state."""
     rank, _ = _dist()
     root = Path(root)
     final = step_dir(root, step)
@@ -146,9 +152,8 @@ def save_checkpoint(
     _barrier()
     single = _dist()[1] == 1
     with _dcp(single):
-        dcp_save(
-            _tensor_state(model, optimizer), checkpoint_id=tmp, no_dist=single
-        )  # collective; fsyncs
+        # collective; fsyncs
+        dcp_save(_tensor_state(model, optimizer), checkpoint_id=tmp, no_dist=single)
     rng_file = tmp / f"rng-rank{rank:05d}.pt"
     torch.save(rng_state(), rng_file)
     _fsync(rng_file)
@@ -157,9 +162,8 @@ def save_checkpoint(
         torch.save({"step": step, **state}, tmp / STATE_FILE)
         _fsync(tmp / STATE_FILE)
         _fsync(tmp)
-        if (
-            final.exists()
-        ):  # re-saving a step (e.g. after a restart): swap, never leave a half state
+        # re-saving a step (e.g. after a restart): swap, never leave a half state
+        if final.exists():
             _hide(final)
         tmp.rename(final)
         for old_step in list_steps(root)[:-keep]:
@@ -172,7 +176,8 @@ def save_checkpoint(
 def load_checkpoint(
     root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, Any]:
-    """Load the weights (and optimizer state) into this rank's shards, restore its RNG if saved; return state.pt.
+    """Load the weights (and optimizer state) into this rank's shards, restore its RNG if saved;
+    return state.pt.
 
     Collective when the model is sharded; a plain model on one process loads the whole state."""
     path = step_dir(root, step)
@@ -180,9 +185,8 @@ def load_checkpoint(
     tensors = _tensor_state(model, optimizer)
     single = _dist()[1] == 1
     with _dcp(single):
-        dcp_load(
-            tensors, checkpoint_id=path, no_dist=single
-        )  # raises naming any key the checkpoint lacks
+        # raises naming any key the checkpoint lacks
+        dcp_load(tensors, checkpoint_id=path, no_dist=single)
     if optimizer is None:
         set_model_state_dict(model, tensors["model"])
     else:
@@ -191,15 +195,15 @@ def load_checkpoint(
         )
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
     rng_file = path / f"rng-rank{rank:05d}.pt"
-    if (
-        rng_file.exists()
-    ):  # a different world size has no file for new ranks; their RNG is not used for math
+    # a different world size has no file for new ranks; their RNG is not used for math
+    if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))
     return state
 
 
 def read_weights(root: str | Path, step: int) -> dict[str, torch.Tensor]:
-    """The full (unsharded) model weights of a checkpoint on CPU, by parameter name; needs no process group."""
+    """The full (unsharded) model weights of a checkpoint on CPU, by parameter name; needs no
+    process group."""
     path = step_dir(root, step)
     meta = FileSystemReader(str(path)).read_metadata()
     want = {

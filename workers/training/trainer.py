@@ -1,17 +1,20 @@
-"""The training loop of one rank: sequence parallel over a ring, data parallel over rings, state sharded over all.
+"""The training loop of one rank: sequence parallel over a ring, data parallel over rings, state
+sharded over all.
 
 `Trainer` keeps the parts apart the way torchtitan does: `__init__` sets everything up (mesh, model,
-optimizer, schedule, data, journal), `load(step)` restores an explicit checkpoint, `forward_backward`
-runs one micro-step, `train_step` is one optimizer step with its metrics, and `train` is the short loop
-around it (eval, checkpoint, stop). It assumes the default process group is up (world = data_parallel ×
-ring_size × ulysses_size; world 1 may run without one) and does not know where metrics go: it hands each
-`MetricPoint` to `emit`. `run_training` is the one-call form the rank actor and the torchrun entry point use.
+optimizer, schedule, data, journal), `load(step)` restores an explicit checkpoint,
+`forward_backward` runs one micro-step, `train_step` is one optimizer step with its metrics, and
+`train` is the short loop around it (eval, checkpoint, stop). It assumes the default process group
+is up (world = data_parallel × ring_size × ulysses_size × tensor_size; world 1 may run without one)
+and does not know where metrics go: it hands each `MetricPoint` to `emit`. `run_training` is the
+one-call form the rank actor and the torchrun entry point use.
 
 Model: built on `meta`, sharded with FSDP2 over the whole mesh (`parallelize`), then each rank
-materialises its shards only (`materialize`). Loss: each rank backpropagates the *sum* of its weighted
-token losses (chunked: no whole-shard fp32 logits); FSDP's reduce-scatter sums the gradients over all
-ranks, a small all-reduce sums the token weights, and the gradient shards are divided by the global
-weight — the global token mean, identical to single-process training on the same batch.
+materialises its shards only (`materialize`). Loss: each rank backpropagates the *sum* of its
+weighted token losses (chunked: no whole-shard fp32 logits); FSDP's reduce-scatter sums the
+gradients over all ranks, a small all-reduce sums the token weights, and the gradient shards are
+divided by the global weight — the global token mean, identical to single-process training on the
+same batch.
 """
 
 from __future__ import annotations
@@ -66,12 +69,10 @@ class StepStats:
     grad_norm: float
     seconds: float
     stop_requested: bool
-    state_bytes: (
-        int  # parameters + gradients + optimizer state held by this rank, at the optimizer step
-    )
-    tokens: (
-        int  # global tokens of the step (a curriculum's shorter contexts count as what they are)
-    )
+    # parameters + gradients + optimizer state held by this rank, at the optimizer step
+    state_bytes: int
+    # global tokens of the step (a curriculum's shorter contexts count as what they are)
+    tokens: int
 
 
 def default_device() -> torch.device:
@@ -131,10 +132,11 @@ class Trainer:
         # the pre-training check: before step 1, or after a resume onto another parallel shape
         self.needs_verification = spec.verify.enabled
 
-    # -- checkpoints ---------------------------------------------------------------------------------------------
+    # -- checkpoints ---------------------------------------------------------------------------
     def load(self, step: int) -> None:
-        """Continue from the checkpoint at `step` (0: from scratch). Explicit on purpose: the caller decides
-        which checkpoint (the driver's recovery, or `latest` for the torchrun entry), never this class."""
+        """Continue from the checkpoint at `step` (0: from scratch, or from `spec.init_from`).
+        Explicit on purpose: the caller decides which checkpoint (the driver's recovery, or
+        `latest` for the torchrun entry), never this class."""
         if step == 0 and self.spec.init_from is not None:
             self._init_from()
         elif step > 0:
@@ -160,7 +162,8 @@ class Trainer:
         """A new job's start from another run's checkpoint (`workers.config.init_from`), resharded
         onto this job's shape: the weights only (step 1 next, this job's own optimizer and
         schedule), or the full state (optimizer, schedule and data position too; the step count
-        continues). The job's own checkpoints, once it has some, win over this (`load(step > 0)`)."""
+        continues). The job's own checkpoints, once it has some, win over this
+        (`load(step > 0)`)."""
         src = self.spec.init_from
         assert src is not None
         if src.checkpoint is None or src.step is None:
@@ -217,14 +220,15 @@ class Trainer:
         )
 
     def export(self) -> None:
-        """The finished model as a transformers directory, `<checkpoint dir>/model/` (collective: all ranks call)."""
+        """The finished model as a transformers directory, `<checkpoint dir>/model/`
+        (collective: all ranks call)."""
         if self.checkpoint_dir is not None:
             longest = max(self.spec.data.seq_len, *self.spec.eval_context_lengths())
             save_pretrained(
                 self.model, self.checkpoint_dir / "model", max_position_embeddings=longest
             )
 
-    # -- metrics -------------------------------------------------------------------------------------------------
+    # -- metrics -------------------------------------------------------------------------------
     def point(self, name: str, value: float, rank: int | None = None) -> None:
         p = MetricPoint(step=self.step, name=name, value=float(value), rank=rank, time=time.time())
         if self.journal is not None:
@@ -266,16 +270,17 @@ class Trainer:
                 dist.barrier()  # rank 0's points are in its buffer before any failure ends the job
             raise VerificationFailed(result.reason())
 
-    # -- one step ------------------------------------------------------------------------------------------------
+    # -- one step ------------------------------------------------------------------------------
     def local_batch(self) -> Batch:
         batch = self.data.global_batch(self.step, self.spec.train.batch_size)
         return self.mesh.shard(batch, self.spec.parallel.layout).to(self.device)
 
     def forward_backward(self, local: Batch) -> torch.Tensor:
-        """Backpropagate this rank's *sum* of weighted token losses; returns it (normalised after the reduce).
+        """Backpropagate this rank's *sum* of weighted token losses; returns it (normalised after
+        the reduce).
 
-        The head runs inside the chunked loss: after `features` the root's parameters (the head among
-        them) are still gathered, and FSDP reduces their gradients at the end of backward."""
+        The head runs inside the chunked loss: after `features` the root's parameters (the head
+        among them) are still gathered, and FSDP reduces their gradients at the end of backward."""
         with _autocast(self.device):
             # packed documents: RoPE positions restart per document, attention stays inside each one
             positions = local.positions if local.doc_positions is None else local.doc_positions
@@ -305,14 +310,12 @@ class Trainer:
             ]
         )
         if self.mesh.distributed:
-            dist.all_reduce(
-                stats
-            )  # the gradients were summed by FSDP's reduce-scatter during backward
+            # the gradients were summed by FSDP's reduce-scatter during backward
+            dist.all_reduce(stats)
         total_weight = stats[1].clamp_min(1e-12)
         for p in self.params:
-            if (
-                p.grad is not None
-            ):  # an unused parameter has no gradient: AdamW skips it, as on one process
+            # an unused parameter has no gradient: AdamW skips it, as on one process
+            if p.grad is not None:
                 p.grad.div_(total_weight)
         return stats
 
@@ -356,14 +359,16 @@ class Trainer:
         self.point(metrics.MEM_PEAK_BYTES.name, self.memory.peak(), rank=self.mesh.rank)
         self.point(metrics.STATE_BYTES.name, s.state_bytes, rank=self.mesh.rank)
 
-    # -- the loop ------------------------------------------------------------------------------------------------
+    # -- the loop ------------------------------------------------------------------------------
     def _fence(self) -> None:
-        """Stop (raise `Fenced`) once a newer attempt owns the checkpoint directory (see `workers.training.lease`)."""
+        """Stop (raise `Fenced`) once a newer attempt owns the checkpoint directory (see
+        `workers.training.lease`)."""
         if self.lease is not None:
             self.lease.check()
 
     def train(self, max_steps: int | None = None) -> TrainResult:
-        """Train to `max_steps` (an absolute step; the schedule still follows spec.train.steps) or spec.train.steps.
+        """Train to spec.train.steps, or to `max_steps` if that comes first (an absolute step; the
+        schedule still follows spec.train.steps).
 
         A stop request on any rank ends every rank after the current step, with a checkpoint."""
         spec = self.spec
@@ -414,8 +419,10 @@ def run_training(
 ) -> TrainResult:
     """Set up, resume and train; collective over all ranks.
 
-    `resume_step`: the checkpoint to continue from (0: from scratch); None: the newest one in `checkpoint_dir`.
-    `lease`: the attempt's hold on `checkpoint_dir` (the Ray driver's fencing); None: no other writer can exist.
+    `resume_step`: the checkpoint to continue from (0: from scratch); None: the newest one in
+    `checkpoint_dir`.
+    `lease`: the attempt's hold on `checkpoint_dir` (the Ray driver's fencing); None: no other
+    writer can exist.
     """
     trainer = Trainer(
         spec, checkpoint_dir=checkpoint_dir, emit=emit, stop=stop, device=device, lease=lease
