@@ -1,6 +1,6 @@
 """The import rules (ARCHITECTURE.md, "Contracts"): api -> service -> workers, and service sees
-only the ground layer of workers (the job spec, the driver protocol and the parallel shape: pure modules
-without torch or Ray)."""
+only the ground layer of workers (the job spec, the driver protocol, the parallel shape and the
+checkpoint layout: pure modules without torch or Ray)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,12 @@ def _imports(package: str) -> list[tuple[str, str]]:
     return found
 
 
-GROUND = ("workers.config", "workers.protocol", "workers.parallel_dims")
+GROUND = (
+    "workers.config",
+    "workers.protocol",
+    "workers.parallel_dims",
+    "workers.checkpoint_layout",
+)
 
 
 def _top(module: str) -> str:
