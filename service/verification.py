@@ -16,10 +16,18 @@ from typing import Any, Literal
 from sqlalchemy import ColumnElement
 
 from service.models import Job
+from workers.metrics import (
+    VERIFY_FP32_REL_ERR,
+    VERIFY_MAX_REL_ERR,
+    VERIFY_PASSED,
+    VERIFY_SECONDS,
+    VERIFY_TOKENS,
+    VERIFY_TOLERANCE,
+)
 
 Outcome = Literal["passed", "failed"]
-PASSED = "verify_passed"  # 1.0 passed, 0.0 failed
-ERROR = "verify_max_rel_err"
+PASSED = VERIFY_PASSED.name  # 1.0 passed, 0.0 failed
+ERROR = VERIFY_MAX_REL_ERR.name
 
 
 def _value(latest: Mapping[str, Any], name: str) -> Any:
@@ -36,14 +44,14 @@ def verification_of(latest: Mapping[str, Any] | None) -> dict[str, Any] | None:
     latest = latest or {}
     if PASSED not in latest or ERROR not in latest:
         return None
-    tokens = _value(latest, "verify_tokens")
+    tokens = _value(latest, VERIFY_TOKENS.name)
     return {
         "passed": _value(latest, PASSED) == 1.0,
         "max_rel_err": _value(latest, ERROR),
-        "tolerance": _value(latest, "verify_tolerance"),
+        "tolerance": _value(latest, VERIFY_TOLERANCE.name),
         "tokens": int(tokens) if tokens is not None else None,
-        "seconds": _value(latest, "verify_seconds"),
-        "fp32_rel_err": _value(latest, "verify_fp32_rel_err"),
+        "seconds": _value(latest, VERIFY_SECONDS.name),
+        "fp32_rel_err": _value(latest, VERIFY_FP32_REL_ERR.name),
     }
 
 

@@ -1,6 +1,6 @@
 """The import rules (ARCHITECTURE.md, "Contracts"): api -> service -> workers, and service sees
-only the ground layer of workers (the job spec, the driver protocol, the parallel shape and the
-checkpoint layout: pure modules without torch or Ray)."""
+only the ground layer of workers (the job spec, the driver protocol, the parallel shape, the
+checkpoint layout and the metric catalog: pure modules without torch or Ray)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ GROUND = (
     "workers.protocol",
     "workers.parallel_dims",
     "workers.checkpoint_layout",
+    "workers.metrics",
 )
 
 
