@@ -235,9 +235,19 @@ class CheckpointConfig(StrictModel):
     keep: int = Field(3, ge=1, le=1000)
 
 
-class EvalConfig(StrictModel):
-    """Needle-in-a-haystack grid: passkey accuracy per (context length, depth)."""
+EvalSuite = Literal["passkey", "val", "ruler"]
 
+
+class EvalConfig(StrictModel):
+    """What a job evaluates: `passkey` (the needle-in-a-haystack grid: accuracy per context length
+    and depth), `val` (held-out loss, and loss by position, on a prepared dataset's held-out
+    documents). By default the suite follows the data: passkey for passkey data, held-out loss
+    otherwise, so no job shows a retrieval grid it was never trained for. `ruler` runs on an
+    exported model (`ringtrain eval`), not inside a training job (yet)."""
+
+    suites: list[EvalSuite] | None = Field(
+        None, min_length=1, max_length=3, description="default: passkey for passkey data, else val"
+    )
     every_steps: int = Field(0, ge=0, le=10_000_000, description="0 = only after the last step")
     context_lengths: list[int] | None = Field(
         None, max_length=32, description="default: [data.seq_len]"

@@ -126,6 +126,21 @@ class JobSpec(StrictModel):
                     f"eval context length {length} must be in [64, {MAX_SEQ_LEN}] and divisible "
                     f"by {need}",
                 )
+        for i, suite in enumerate(self.eval.suites or []):
+            if suite == "ruler":
+                fail(
+                    f"eval.suites.{i}",
+                    suite,
+                    "eval.suites: ruler runs on a job's exported model, not inside training: "
+                    "`ringtrain eval <job id> --lengths ...` once the job has finished",
+                )
+            if suite == "val" and self.data.kind == "passkey":
+                fail(
+                    f"eval.suites.{i}",
+                    suite,
+                    "eval.suites: val needs held-out documents (data kind tokens or text); "
+                    "passkey data has none",
+                )
         if self.data.kind == "passkey" and self.data.seq_len < 16 * self.data.key_digits:
             fail("data.seq_len", self.data.seq_len, "data.seq_len is too short to hide a passkey")
         if self.data.kind == "passkey":
@@ -146,6 +161,12 @@ class JobSpec(StrictModel):
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    def eval_suites(self) -> list[str]:
+        """The suites this job runs at each eval: the spec's, or the one its data calls for."""
+        if self.eval.suites is not None:
+            return list(dict.fromkeys(self.eval.suites))
+        return ["passkey"] if self.data.kind == "passkey" else ["val"]
 
     def eval_context_lengths(self) -> list[int]:
         return list(self.eval.context_lengths or [self.data.seq_len])

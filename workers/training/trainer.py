@@ -239,11 +239,14 @@ class Trainer:
         if not self.spec.eval.enabled:
             return
         results = {}
-        if isinstance(self.data, TokensSource):  # held-out documents of a prepared dataset
+        suites = self.spec.eval_suites()
+        # held-out documents of a prepared dataset (a corpus without a held-out share has none)
+        if "val" in suites and isinstance(self.data, TokensSource):
             results.update(
                 validation_loss(self.model, self.data, self.spec, self.mesh, self.device)
             )
-        results.update(passkey_accuracy(self.model, self.spec, self.mesh, self.device))
+        if "passkey" in suites:
+            results.update(passkey_accuracy(self.model, self.spec, self.mesh, self.device))
         for name, value in results.items():
             if self.mesh.rank == 0:
                 self.point(name, value)
