@@ -171,6 +171,22 @@ def test_token_prompt_and_wrong_token(page: Any, server: Any) -> None:
     assert not page.locator("#main p.error-text").is_visible()
 
 
+def test_a_job_started_from_another_links_to_it(page: Any, server: Any) -> None:
+    source = create_job(server, {**SPEC, "name": "source"})
+    step = Path(server.settings.checkpoint_dir) / source["id"] / "step-000007"
+    step.mkdir(parents=True)
+    (step / "state.pt").write_bytes(b"marker")  # what makes a checkpoint complete
+    job = create_job(server, {**SPEC, "name": "extended", "init_from": {"job": source["id"]}})
+    goto(page, server, f"#/jobs/{job['id']}")
+    link = page.locator("#job-init-from a")
+    link.wait_for()
+    assert page.locator("#job-init-from").inner_text() == f"{source['id']} (step 7, weights)"
+    link.click()
+    wait_js(page, f"() => location.hash === '#/jobs/{source['id']}'")
+    page.locator("#job-title", has_text="source").wait_for()
+    assert page.locator("#job-init-from").count() == 0
+
+
 def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
     job = create_job(server, {**SPEC, "name": "live-ring", "max_restarts": 2})
     d = start_running(server, job["id"], ranks=4)

@@ -107,6 +107,7 @@ export function mountJob(root, jobId) {
           h("dt", {}, "Restarts"), h("dd", {}, `${job.restarts} of ${job.spec?.max_restarts ?? "?"}`),
           h("dt", {}, "Parallel"), h("dd#job-shape", {}, shapeText(job.spec)),
           h("dt", {}, "Memory"), h("dd#job-memory", {}, job.memory_knobs || ""),
+          job.spec?.init_from ? [h("dt", {}, "Starts from"), h("dd#job-init-from", {}, initFrom(job.spec.init_from))] : null,
           Object.keys(meta).length ? [h("dt", {}, "Runtime"), h("dd.mono", {},
             Object.entries(meta).map(([k, v]) => `${k}=${v}`).join("  "))] : null)),
       h("div", {}, cancel)));
@@ -121,6 +122,13 @@ export function mountJob(root, jobId) {
     const p = spec?.parallel || {};
     return `dp ${p.data_parallel ?? 1} × ring ${p.ring_size ?? "?"} × ulysses ${p.ulysses_size ?? 1}` +
       ` × tensor ${p.tensor_size ?? 1} (${p.layout ?? ""}), seq_len ${spec?.data?.seq_len ?? "?"}`;
+  }
+
+  // Where a job's weights came from (`init_from`): a link to the source job, or its directory.
+  function initFrom(src) {
+    const what = `step ${src.step ?? "latest"}, ${src.state === "full" ? "full state" : "weights"}`;
+    if (!src.job) return h("span.mono", {}, `${src.checkpoint} (${what})`);
+    return [h("a.mono", { href: `#/jobs/${encodeURIComponent(src.job)}` }, src.job), ` (${what})`];
   }
 
   // The pre-training check of the job's math (derived by the server from the verify_* points).
