@@ -2,37 +2,17 @@
 
 The rules themselves (one bundle per rank, bundles per node, STRICT_PACK or PACK, rank order, ring
 crossings) live in `workers.parallel_dims`, which the control plane's planner and admission share;
-they are re-exported here for the driver (crossings are `ParallelDims` methods: they follow the
-shape's rings). What is only the driver's: the bundle list Ray is given, the sentence it reports
-while the group cannot be placed, and the process-group backend.
+import them from there. What is only the driver's is here: the bundle list Ray is given, the
+sentence it reports while the group cannot be placed, and the process-group backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from workers.parallel_dims import (
-    PACK,
-    STRICT_PACK,
-    RankAssignment,
-    WorkerLocation,
-    bundles_per_node,
-    choose_strategy,
-    order_ranks,
-    rank_bundle,
-)
+from workers.parallel_dims import WorkerLocation, bundles_per_node, rank_bundle
 
-__all__ = [
-    "PACK",
-    "STRICT_PACK",
-    "RankAssignment",
-    "WorkerLocation",
-    "capacity_shortfall",
-    "choose_strategy",
-    "dist_backend",
-    "make_bundles",
-    "order_ranks",
-]
+__all__ = ["capacity_shortfall", "dist_backend", "make_bundles"]
 
 
 def make_bundles(world_size: int, *, gpu: bool, cpus_per_worker: float) -> list[dict[str, float]]:

@@ -19,14 +19,15 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from workers.config import JobSpec
 from workers.orchestration.actor import RankInfo, remote_rank_actor
-from workers.orchestration.placement import (
+from workers.orchestration.placement import capacity_shortfall, dist_backend
+from workers.parallel_dims import (
+    ParallelDims,
     RankAssignment,
     WorkerLocation,
-    capacity_shortfall,
     choose_strategy,
-    dist_backend,
+    rank_bundle,
+    resolve_accelerator,
 )
-from workers.parallel_dims import ParallelDims, rank_bundle, resolve_accelerator
 from workers.protocol import RankPlacement
 
 ACTOR_NAMESPACE = "ringtrain"

@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from workers.orchestration.placement import (
+from workers.orchestration.placement import capacity_shortfall, dist_backend, make_bundles
+from workers.parallel_dims import (
     PACK,
     STRICT_PACK,
+    ParallelDims,
     RankAssignment,
     WorkerLocation,
-    capacity_shortfall,
     choose_strategy,
-    dist_backend,
-    make_bundles,
     order_ranks,
 )
-from workers.parallel_dims import ParallelDims
 
 ROOT = Path(__file__).resolve().parents[4]
 
