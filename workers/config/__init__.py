@@ -25,7 +25,6 @@ from workers.config.pretrained import (
 )
 from workers.config.rules import (
     rope_coverage_warning,
-    seq_multiple,
     tensor_heads_problem,
     ulysses_heads_problem,
 )
@@ -82,7 +81,6 @@ __all__ = [
     "pretrained_config",
     "read_config_json",
     "rope_coverage_warning",
-    "seq_multiple",
     "tensor_heads_problem",
     "ulysses_heads_problem",
 ]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.parallel_dims import ParallelDims
-
 if TYPE_CHECKING:
     from workers.config.models import ModelSection
     from workers.config.spec import JobSpec
@@ -24,12 +22,6 @@ def rope_coverage_warning(spec: JobSpec) -> str | None:
         "that the model's RoPE settings cover; "
         "set model.rope_scaling (e.g. {rope_type: yarn, factor: ...}) to extend the context"
     )
-
-
-def seq_multiple(layout: str, ring_size: int, ulysses_size: int = 1, tensor_size: int = 1) -> int:
-    """The global sequence length must be a multiple of this (`ParallelDims.seq_divisor`)."""
-    dims = ParallelDims(ring_size=ring_size, ulysses_size=ulysses_size, tensor_size=tensor_size)
-    return dims.seq_divisor(layout)
 
 
 def tensor_heads_problem(model: ModelSection, tensor_size: int) -> str | None:

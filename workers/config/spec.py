@@ -10,7 +10,7 @@ from pydantic_core import PydanticCustomError
 from workers.config.base import MAX_SEQ_LEN, MAX_WORLD, StrictModel, fail
 from workers.config.init_from import InitFrom
 from workers.config.models import MODEL_CONFIGS, ModelConfig, ModelSection
-from workers.config.rules import seq_multiple, tensor_heads_problem, ulysses_heads_problem
+from workers.config.rules import tensor_heads_problem, ulysses_heads_problem
 from workers.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -21,6 +21,7 @@ from workers.config.sections import (
     TrainConfig,
     VerifyConfig,
 )
+from workers.parallel_dims import ParallelDims
 
 
 class JobSpec(StrictModel):
@@ -80,7 +81,7 @@ class JobSpec(StrictModel):
         p = self.parallel
         # ring_size auto: checked as ring 1 here (what every ring needs), in full once resolved
         ring = max(p.ring_size, 1)
-        need = seq_multiple(p.layout, ring, p.ulysses_size, p.tensor_size)
+        need = ParallelDims(1, ring, p.ulysses_size, p.tensor_size).seq_divisor(p.layout)
         if self.data.seq_len % need:
             fail(
                 "data.seq_len",

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from workers.attention import shard_positions
-from workers.config.rules import seq_multiple
+from workers.attention.layouts import seq_multiple
 from workers.models.base import SequenceParallel
 from workers.models.hf import PretrainedLM
 

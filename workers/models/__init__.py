@@ -16,9 +16,9 @@ from workers.models.export import save_pretrained
 from workers.models.hf import PretrainedLM, load_pretrained
 from workers.models.llama import (
     Transformer,
-    attention_backend,
     build_model,
-    token_losses,
+    cross_entropy_per_token,
+    training_attention_backend,
 )
 from workers.models.registry import (
     ModelKind,
@@ -43,8 +43,8 @@ __all__ = [
     "RingModel",
     "SequenceParallel",
     "Transformer",
-    "attention_backend",
     "build_model",
+    "cross_entropy_per_token",
     "kind_for",
     "kind_of",
     "load_pretrained",
@@ -52,6 +52,6 @@ __all__ = [
     "model_kind",
     "register_model_kind",
     "save_pretrained",
-    "token_losses",
     "tokenizer_for",
+    "training_attention_backend",
 ]

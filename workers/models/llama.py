@@ -209,7 +209,7 @@ class Transformer(RingModel):
         ).float()
 
 
-def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def cross_entropy_per_token(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy [batch, seq] in fp32 (no reduction: the caller forms the global
     mean)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view(
@@ -260,7 +260,7 @@ def init_shards(model: Transformer, cfg: ModelConfig, spec: JobSpec) -> None:
             p.copy_(full)
 
 
-def attention_backend(device: torch.device) -> str:
+def training_attention_backend(device: torch.device) -> str:
     """Name of the ring attention block kernel for the dtype the model feeds it (bf16 under CUDA
     autocast)."""
     return attention.attention_backend(

@@ -177,9 +177,9 @@ class RankActor:
     def attention_backend(self) -> str:
         import torch
 
-        from workers.models import attention_backend
+        from workers.models import training_attention_backend
 
-        return attention_backend(torch.device(self._device))
+        return training_attention_backend(torch.device(self._device))
 
     def ping(self) -> bool:
         return True

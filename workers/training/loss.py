@@ -87,8 +87,8 @@ def linear_cross_entropy_sum(
     differentiable.
 
     hidden [..., d_model] (final hidden states), weight [vocab, d_model] (output head), labels and
-    token_weights [...] (the leading shape of hidden). Equal to
-    `(token_losses(F.linear(hidden, weight), labels) * token_weights).sum()` to fp32 rounding.
+    token_weights [...] (the leading shape of hidden). Equal to fp32 rounding to
+    `(cross_entropy_per_token(F.linear(hidden, weight), labels) * token_weights).sum()`.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")

@@ -33,7 +33,12 @@ import torch.distributed as dist
 from workers import metrics
 from workers.config import JobSpec
 from workers.data import Batch, TokensSource, build_source
-from workers.models import SequenceParallel, attention_backend, save_pretrained, tokenizer_for
+from workers.models import (
+    SequenceParallel,
+    save_pretrained,
+    tokenizer_for,
+    training_attention_backend,
+)
 from workers.parallel_dims import ParallelDims
 from workers.protocol import MetricPoint
 from workers.training.checkpoint import latest_step, load_checkpoint, save_checkpoint
@@ -124,7 +129,7 @@ class Trainer:
         self.tokenizer = tokenizer_for(spec)
         self.data = build_source(spec, self.tokenizer)
         self.memory = PeakMemory(self.device)
-        self.attention_backend = attention_backend(self.device)
+        self.attention_backend = training_attention_backend(self.device)
         self.step = 0
         self.resumed_from: int | None = None
         self.last_loss: float | None = None

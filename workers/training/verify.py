@@ -35,9 +35,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from workers import metrics as catalog
-from workers.config import JobSpec, seq_multiple
+from workers.config import JobSpec
 from workers.data.batch import Batch, from_windows
 from workers.models import RingModel, SequenceParallel
+from workers.parallel_dims import ParallelDims
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.mesh import Mesh
 
@@ -101,7 +102,7 @@ def verification_tokens(spec: JobSpec) -> int:
     """`spec.verify.tokens`, at most the job's own sequence length (what its RoPE settings were
     validated for), rounded down to what the layout needs (at least one multiple of it)."""
     p = spec.parallel
-    need = seq_multiple(p.layout, p.ring_size, p.ulysses_size, p.tensor_size)
+    need = ParallelDims.of(p).seq_divisor(p.layout)
     return max(need, min(spec.verify.tokens, spec.data.seq_len) // need * need)
 
 

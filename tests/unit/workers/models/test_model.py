@@ -13,7 +13,7 @@ from tests.support.dist import run_distributed
 from tests.support.trainutil import one_thread, tiny_spec
 from workers.attention import shard_positions, shard_sequence, unshard_sequence
 from workers.data import ByteTokenizer, PasskeySource, make_sample, sample_generator
-from workers.models import SequenceParallel, build_model, token_losses
+from workers.models import SequenceParallel, build_model, cross_entropy_per_token
 from workers.parallel_dims import ParallelDims
 from workers.training.evals import EVAL_SALT, cell_name, passkey_accuracy
 from workers.training.mesh import build_mesh
@@ -69,7 +69,9 @@ def test_activation_checkpointing_gives_the_same_gradients():
         model = build_model(CFG, seed=3)
         if ac:  # what `train.activation_checkpointing: full` applies to every model kind
             apply_activation_checkpointing(model)
-        (token_losses(model(b.inputs, b.positions), b.labels) * b.weights).sum().backward()
+        (
+            cross_entropy_per_token(model(b.inputs, b.positions), b.labels) * b.weights
+        ).sum().backward()
         # the wrapper's extra module level is not part of a parameter's name (nor of checkpoints)
         grads.append(
             {
@@ -87,7 +89,7 @@ def _sharded_matches_full(rank: int, world: int) -> None:
     b = _batch(96)
     full_model = build_model(CFG, seed=5)
     full = full_model(b.inputs, b.positions)
-    (token_losses(full, b.labels) * b.weights).sum().backward()
+    (cross_entropy_per_token(full, b.labels) * b.weights).sum().backward()
     group = dist.new_group(list(range(world)))
     for layout in ("contiguous", "zigzag", "striped"):
         model = build_model(CFG, seed=5)
@@ -99,7 +101,7 @@ def _sharded_matches_full(rank: int, world: int) -> None:
         torch.testing.assert_close(
             unshard_sequence(logits, 1, layout, group), full, rtol=1e-5, atol=1e-5
         )
-        (token_losses(logits, y) * w).sum().backward()
+        (cross_entropy_per_token(logits, y) * w).sum().backward()
         params = list(model.parameters())
         for p in params:  # what FSDP's reduce-scatter sums in training
             dist.all_reduce(p.grad)
