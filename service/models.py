@@ -131,7 +131,7 @@ class AuditEvent(Base):
     client: Mapped[str] = mapped_column(String(100))
 
 
-class Lease(Base):
+class LeaderLease(Base):
     """A named lease (one row, `controller`): which replica leads the control plane until when.
     `epoch` grows by one on every acquisition, so a write checked against it (`service.leader`)
     is refused once another replica has taken over. Times are the database's clock."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from service.models import Lease
+from service.models import LeaderLease
 from service.store.database import Database
 from service.store.errors import StoreError
 
@@ -50,7 +50,7 @@ class LeaseView:
         return max(0.0, self.expires_at - self.now)
 
 
-def _view(row: Lease, now: float) -> LeaseView:
+def _view(row: LeaderLease, now: float) -> LeaseView:
     held = (row.holder, row.epoch, row.expires_at, row.renewed_at)
     return LeaseView(row.name, *held, row.host, row.pid, now)
 
@@ -66,13 +66,13 @@ class Leases:
             q = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
         return float(s.execute(text(q)).scalar_one())
 
-    def _row(self, s: Session, name: str, lock: bool) -> Lease:
-        q = select(Lease).where(Lease.name == name)
+    def _row(self, s: Session, name: str, lock: bool) -> LeaderLease:
+        q = select(LeaderLease).where(LeaderLease.name == name)
         if lock and not self.db.is_sqlite:
             q = q.with_for_update()
         row = s.scalars(q).one_or_none()
         if row is None:  # a schema made without the migration's row (create_all)
-            row = Lease(name=name, holder=None, epoch=0, expires_at=0.0, renewed_at=0.0)
+            row = LeaderLease(name=name, holder=None, epoch=0, expires_at=0.0, renewed_at=0.0)
             s.add(row)
             s.flush()
         return row
@@ -133,7 +133,7 @@ class Leases:
     def check(self, s: Session, holder: str, epoch: int, name: str = CONTROLLER) -> None:
         """Inside a write's transaction: raise Deposed unless `holder` still holds the lease in
         `epoch`. On PostgreSQL the row stays locked FOR SHARE until the write commits."""
-        q = select(Lease.holder, Lease.epoch).where(Lease.name == name)
+        q = select(LeaderLease.holder, LeaderLease.epoch).where(LeaderLease.name == name)
         if not self.db.is_sqlite:
             q = q.with_for_update(read=True)
         got = s.execute(q).one_or_none()
