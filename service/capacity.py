@@ -23,15 +23,15 @@ from service.admission import NodeShape
 from service.launcher import ClusterInfo
 from service.planner import Fit, fit
 from workers.config import JobSpec
-from workers.parallel_dims import resolve_accelerator as accelerator_for
+from workers.parallel_dims import resolve_accelerator
 
 
-def resolve_accelerator(spec: JobSpec, cluster: ClusterInfo) -> JobSpec:
+def with_accelerator_resolved(spec: JobSpec, cluster: ClusterInfo) -> JobSpec:
     """The spec with `auto` replaced by what it means on this cluster (`resolve_accelerator`'s rule,
     over the alive nodes counted with those the autoscaler may add); a spec naming `gpu` or `cpu` is
     returned as is."""
     node_gpus = [n.gpus_total for n in cluster.nodes if n.alive]
-    accelerator = accelerator_for(spec.resources.accelerator, node_gpus)
+    accelerator = resolve_accelerator(spec.resources.accelerator, node_gpus)
     if accelerator == spec.resources.accelerator:
         return spec
     resources = spec.resources.model_copy(update={"accelerator": accelerator})

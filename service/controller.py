@@ -208,7 +208,7 @@ class Controller:
         """A job submitted while the cluster could not be read still says `auto`: decide it now,
         once, and store it."""
         spec = self._specs[job_id]
-        resolved = capacity.resolve_accelerator(spec, cluster)
+        resolved = capacity.with_accelerator_resolved(spec, cluster)
         if resolved is not spec:
             chosen = resolved.resources.accelerator
             await asyncio.to_thread(self.store.jobs.set_accelerator, job_id, chosen)

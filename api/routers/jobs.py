@@ -154,7 +154,7 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
     cluster = await check_against_cluster(ctx, spec)
     check_against_quota(ctx, owner, spec, cluster)
     if cluster is not None and any(n.alive for n in cluster.nodes):  # else resolved at admission
-        spec = capacity.resolve_accelerator(
+        spec = capacity.with_accelerator_resolved(
             spec, cluster
         )  # stored: a resubmitted driver never re-decides `auto`
     # the ingest token the driver uses is (re)generated when the job is handed to the launcher

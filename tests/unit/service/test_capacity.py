@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from service.admission import NodeShape, with_autoscaler
-from service.capacity import growth_limit, resolve_accelerator
+from service.capacity import growth_limit, with_accelerator_resolved
 from service.launcher import ClusterInfo, DriverInfo, DriverStatus, NodeInfo
 from service.planner import plan
 from tests.support.api_harness import TINY_SPEC, RecordingLauncher, running, wait_for
@@ -61,12 +61,14 @@ def test_planner_counts_the_group_the_autoscaler_may_grow() -> None:
 def test_resolve_accelerator_once() -> None:
     auto = JobSpec.model_validate(gpu_spec(2))
     with_gpu = ClusterInfo(nodes=[HEAD, NodeInfo("g", "10.0.0.2", True, 8, 8, 8, 8)])
-    assert resolve_accelerator(auto, with_gpu).resources.accelerator == "gpu"
-    assert resolve_accelerator(auto, ClusterInfo(nodes=[HEAD])).resources.accelerator == "cpu"
+    assert with_accelerator_resolved(auto, with_gpu).resources.accelerator == "gpu"
+    assert with_accelerator_resolved(auto, ClusterInfo(nodes=[HEAD])).resources.accelerator == "cpu"
     dead_gpu = ClusterInfo(nodes=[HEAD, NodeInfo("g", "10.0.0.2", False, 8, 0, 8, 0)])
-    assert resolve_accelerator(auto, dead_gpu).resources.accelerator == "cpu"
+    assert with_accelerator_resolved(auto, dead_gpu).resources.accelerator == "cpu"
     named = JobSpec.model_validate(gpu_spec(2, resources={"accelerator": "cpu"}))
-    assert resolve_accelerator(named, with_gpu) is named  # a named accelerator is never changed
+    assert (
+        with_accelerator_resolved(named, with_gpu) is named
+    )  # a named accelerator is never changed
 
 
 def test_gpu_job_accepted_on_a_head_only_cluster_and_refused_over_max_replicas(

@@ -10,7 +10,7 @@ from typing import Any, get_args
 import pytest
 
 from service.admission import Free, demand_of, uses_gpus
-from service.capacity import resolve_accelerator as resolve_for_cluster
+from service.capacity import with_accelerator_resolved as resolve_for_cluster
 from service.launcher import ClusterInfo, NodeInfo
 from service.planner import plan
 from workers.attention import layouts
