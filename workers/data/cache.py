@@ -37,7 +37,7 @@ from workers.data.prepare import (
     PrepareError,
     exclusive,
     list_sources,
-    plan,
+    plan_dataset,
     prepare,
     read_manifest,
     tokenizer_hash,
@@ -139,7 +139,7 @@ def _prepare_once(
             and float(entry.get("time", 0)) >= waited_since  # the rank we waited for just failed
         ):
             raise PrepareError(str(entry["error"]))
-        planned = plan(src, tokenizer=tokenizer, fmt=FORMAT, text_field=text_field)
+        planned = plan_dataset(src, tokenizer=tokenizer, fmt=FORMAT, text_field=text_field)
         out = base / planned.dataset_id
         last = (entry or {}).get("dataset") or (entry or {}).get("previous")
         previous = base / str(last) if last else None  # unchanged files' shards come from it

@@ -21,7 +21,7 @@ must be on a file system every Ray node sees (like the checkpoint directory). `-
 tokenizes in this process (no Ray).
 
 The modules: `planning` (files, hashes, chunks), `tokenizing` (the tokenizer, one chunk into its
-shard: the Ray task), `writing` (manifest, staging, swap, lock), `run` (`plan`, `prepare`),
+shard: the Ray task), `writing` (manifest, staging, swap, lock), `run` (`plan_dataset`, `prepare`),
 `command` (the command line; its arguments in `workers.prepare_args`).
 """
 
@@ -38,7 +38,7 @@ from workers.data.prepare.planning import (
     list_sources,
     plan_file,
 )
-from workers.data.prepare.run import plan, prepare
+from workers.data.prepare.run import plan_dataset, prepare
 from workers.data.prepare.tokenizing import (
     BYTES,
     ENCODE_BATCH,
@@ -75,7 +75,7 @@ __all__ = [
     "format_progress",
     "list_sources",
     "main",
-    "plan",
+    "plan_dataset",
     "plan_file",
     "prepare",
     "read_manifest",

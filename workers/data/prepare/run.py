@@ -49,7 +49,7 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
-def plan(
+def plan_dataset(
     source: str | Path,
     *,
     tokenizer: str = BYTES,
@@ -105,11 +105,11 @@ def prepare(
     """Prepare `source` into `out` (see the module docstring); returns the manifest. Idempotent.
 
     `inline=True` tokenizes in this process instead of on Ray (a training rank, tests and tiny
-    corpora: no cluster start); `planned` is this source's `plan(...)` when the caller made it;
-    unchanged files' shards are linked from `reuse_from` (another prepared dataset) as from
-    `out`."""
+    corpora: no cluster start); `planned` is this source's `plan_dataset(...)` when the caller
+    made it; unchanged files' shards are linked from `reuse_from` (another prepared dataset) as
+    from `out`."""
     report = progress or (lambda p: None)
-    p = planned or plan(
+    p = planned or plan_dataset(
         source,
         tokenizer=tokenizer,
         fmt=fmt,
