@@ -30,7 +30,7 @@ def _reference(
     return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
 
 
-def _ranks(rank: int, world: int, dtype: str) -> torch.Tensor:
+def _ranks(rank: int, world: int, dtype: str) -> list:
     q, k, v, counted = _case()
     # rank r holds every world-th slot from r (any split works: the partials are disjoint);
     # the last rank's slots are all left uncounted, so it contributes an empty partial
@@ -38,13 +38,15 @@ def _ranks(rank: int, world: int, dtype: str) -> torch.Tensor:
     keep = counted[mine] & torch.tensor(rank != world - 1 or world == 1)
     t = getattr(torch, dtype)
     out = pass_q_attention(q.to(t), k[:, mine].to(t), v[:, mine].to(t), keep=keep)
-    return out.double()
+    return (
+        out.double().tolist()
+    )  # by value: a tensor crosses the queue as a handle to shared memory
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_one_rank_equals_attention_over_the_kept_keys(dtype: str) -> None:
     q, k, v, counted = _case()
-    got = _ranks(0, 1, dtype)
+    got = torch.tensor(_ranks(0, 1, dtype), dtype=torch.float64)
     tol = 1e-12 if dtype == "float64" else 1e-5
     torch.testing.assert_close(got, _reference(q, k, v, counted), rtol=tol, atol=tol)
 
@@ -58,7 +60,9 @@ def test_sharded_caches_merge_to_attention_over_every_counted_key(world: int) ->
         everywhere[r::world] = True
     expected = _reference(q, k, v, counted & everywhere)
     for got in run_distributed(_ranks, world, "float64"):
-        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            torch.tensor(got, dtype=torch.float64), expected, rtol=1e-12, atol=1e-12
+        )
 
 
 def test_bad_shapes_are_refused() -> None:

@@ -30,6 +30,7 @@ CHILD = """
 import gc, json, re, sys
 from workers.config import JobSpec
 from workers.data import build_source
+from workers.models import tokenizer_for
 
 def status(field):
     return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
@@ -37,10 +38,11 @@ def status(field):
 out = {}
 for mode, spec_json in zip(sys.argv[1::2], sys.argv[2::2]):
     spec = JobSpec.model_validate_json(spec_json)
+    tokenizer = tokenizer_for(spec)
     gc.collect()
     open("/proc/self/clear_refs", "w").write("5")  # the peak from here on: imports do not count
     before, anon = status("VmRSS"), status("RssAnon")
-    source = source_of(spec)
+    source = build_source(spec, tokenizer)
     total, anon_peak = 0, status("RssAnon")
     for step in range(STEPS):
         batch = source.global_batch(step, spec.train.batch_size)
