@@ -95,4 +95,5 @@ def test_summary_means_by_task_then_length_and_effective_length() -> None:
     assert report["by_length"] == pytest.approx({"2048": 0.9, "4096": 0.875, "8192": 0.75})
     assert report["effective_length"] == 4096 and report["threshold"] == THRESHOLD == 0.856
     assert effective_length({"1024": 0.5}) == 0
+    assert effective_length({"512": THRESHOLD, "1024": 0.85}) == 512  # at the threshold counts
     assert effective_length({"1024": 0.9, "2048": 0.86}, threshold=0.87) == 1024
