@@ -78,7 +78,25 @@ def run_distributed(
 
     `fn` must be importable (module level). Any rank's exception fails the call with its traceback.
     `fresh=True`: bare spawned interpreters (nothing preloaded), for resident-memory measurements.
+    The rendezvous port is picked free, then bound by rank 0 a moment later; when another process
+    took it in between (EADDRINUSE, before any rank ran `fn`), the run starts again on a new port.
     """
+    for attempt in range(3):
+        try:
+            return _run_once(fn, world, args, timeout, fresh)
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(AssertionError):
+    """Rank 0 could not listen on the rendezvous port: another process bound it first."""
+
+
+def _run_once(
+    fn: Callable[..., Any], world: int, args: tuple[Any, ...], timeout: float, fresh: bool
+) -> list[Any]:
     if fresh:
         ctx = mp.get_context("spawn")
     else:
@@ -110,5 +128,8 @@ def run_distributed(
             if p.is_alive():
                 p.kill()
     if errors:
-        raise AssertionError("distributed run failed\n" + "\n".join(errors))
+        message = "distributed run failed\n" + "\n".join(errors)
+        if "EADDRINUSE" in message and "init_process_group" in message:
+            raise _PortTaken(message)
+        raise AssertionError(message)
     return [results[r] for r in range(world)]
