@@ -8,6 +8,7 @@ interpreters instead, for tests that measure a rank's resident memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import traceback
@@ -81,13 +82,10 @@ def run_distributed(
     The rendezvous port is picked free, then bound by rank 0 a moment later; when another process
     took it in between (EADDRINUSE, before any rank ran `fn`), the run starts again on a new port.
     """
-    for attempt in range(3):
-        try:
+    for _ in range(2):
+        with contextlib.suppress(_PortTaken):
             return _run_once(fn, world, args, timeout, fresh)
-        except _PortTaken:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    return _run_once(fn, world, args, timeout, fresh)
 
 
 class _PortTaken(AssertionError):

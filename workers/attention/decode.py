@@ -15,13 +15,8 @@ import torch
 import torch.distributed as dist
 
 from workers.attention.kernels import select_kernel
+from workers.attention.layouts import _rank_world
 from workers.attention.merge import merge_
-
-
-def _world(group: dist.ProcessGroup | None) -> int:
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(group)
 
 
 def pass_q_attention(
@@ -56,7 +51,7 @@ def pass_q_attention(
     else:  # nothing kept here: an empty partial, which the merge skips
         out = torch.zeros(b, sq, h, d, dtype=acc, device=q.device)
         lse = torch.full((b, h, sq), float("-inf"), dtype=acc, device=q.device)
-    world = _world(group)
+    world = _rank_world(group)[1]
     if world == 1:
         return out.to(q.dtype)
     outs = [torch.empty_like(out) for _ in range(world)]

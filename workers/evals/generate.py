@@ -15,17 +15,11 @@ import torch
 import torch.distributed as dist
 
 from workers.attention import shard_positions
-from workers.attention.layouts import seq_multiple
+from workers.attention.layouts import _rank_world, seq_multiple
 from workers.models.base import SequenceParallel
 from workers.models.hf import PretrainedLM
 
 PAD_ID = 0  # what pads the prompt to the layout's multiple: never attended, any id will do
-
-
-def _rank_world(group: dist.ProcessGroup | None) -> tuple[int, int]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def greedy_generate(
@@ -45,7 +39,8 @@ def greedy_generate(
         raise ValueError("greedy_generate needs a non-empty prompt and max_new_tokens >= 1")
     rank, world = _rank_world(group)
     n = len(prompt)
-    padded = -(-n // seq_multiple(layout, world)) * seq_multiple(layout, world)
+    multiple = seq_multiple(layout, world)
+    padded = -(-n // multiple) * multiple
     ids = torch.tensor(prompt + [PAD_ID] * (padded - n), dtype=torch.long)
     positions = shard_positions(padded, layout, rank, world)
     device = model.output_weight.device

@@ -240,7 +240,7 @@ def _frequent_words(tok: Tokenizer, length: int, rng: random.Random) -> tuple[st
             f"{question}"
         )
 
-    return _fit(tok, length, make, low=0), vocab[:3]
+    return _fit(tok, length, make), vocab[:3]
 
 
 TASKS: dict[str, tuple[Callable[[Tokenizer, int, random.Random], tuple[str, list[str]]], int]] = {
