@@ -57,6 +57,12 @@ class Settings(BaseSettings):
         60.0, ge=0, description="force CANCELLED if the driver has not confirmed by then"
     )
     submit_attempts: int = Field(5, ge=1, description="Ray submission tries before a job fails")
+    ray_check_interval_s: float = Field(
+        5.0, gt=0, description="how often the background check reads the Ray cluster (/healthz)"
+    )
+    ray_check_timeout_s: float = Field(
+        5.0, gt=0, description="a Ray check without an answer this long reports Ray unreachable"
+    )
     sse_ping_s: float = Field(15.0, gt=0)
     quotas: dict[str, Quota] = Field(
         default_factory=dict,

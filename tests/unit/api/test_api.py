@@ -450,14 +450,20 @@ def test_plan_and_cluster(tmp_path):
 
 def test_health_metrics_and_openapi(srv):
     c = srv.client(None)
-    health = c.get("/healthz").json()
+    health = wait_for(lambda: (h := c.get("/healthz").json())["ray"] != "unknown" and h)
     replica = srv.app.state.ctx.leadership.replica
-    assert health == {"status": "ok", "role": "leader", "replica": replica}  # SQLite: always leads
-    assert c.get("/readyz").json()["status"] == "ready"
+    assert health == {
+        "status": "ok",
+        "role": "leader",
+        "replica": replica,
+        "ray": "ok",
+    }  # SQLite: always leads
+    assert c.get("/readyz").json() == {"status": "ready", "store": "ok"}
     submit(srv.client())
     text = c.get("/metrics").text
     assert f'ringtrain_replica_leader{{replica="{replica}"}} 1.0' in text
     assert "ringtrain_leader_lease_age_seconds" in text and "ringtrain_leader_epoch" in text
+    assert "ringtrain_ray_up 1.0" in text
     assert 'ringtrain_jobs{state="QUEUED"}' in text or 'ringtrain_jobs{state="PLACING"}' in text
     assert (
         "ringtrain_http_requests_total" in text
@@ -485,9 +491,14 @@ def test_readyz_without_ray(tmp_path):
         # ready (the Service keeps routing the CLI, the dashboard and the drivers' reports) while Ray is reported down
         r = srv.client(None).get("/readyz")
         assert r.status_code == 200, r.text
-        body = r.json()
-        assert body["status"] == "ready" and body["store"] == "ok"
-        assert body["ray"].startswith("unreachable") and "connection refused" in body["ray"]
+        assert r.json() == {"status": "ready", "store": "ok"}
+        health = wait_for(
+            lambda: (h := srv.client(None).get("/healthz").json())["ray"] != "unknown" and h
+        )
+        assert (
+            health["ray"] == "unreachable"
+            and health["ray_error"] == "ConnectionError: connection refused"
+        )
         cl = srv.client().get("/v1/cluster")
         assert cl.status_code == 503 and cl.json()["error"]["code"] == "ray_unavailable"
         assert "connection refused" in cl.json()["error"]["message"]
