@@ -452,12 +452,8 @@ def test_health_metrics_and_openapi(srv):
     c = srv.client(None)
     health = wait_for(lambda: (h := c.get("/healthz").json())["ray"] != "unknown" and h)
     replica = srv.app.state.ctx.leadership.replica
-    assert health == {
-        "status": "ok",
-        "role": "leader",
-        "replica": replica,
-        "ray": "ok",
-    }  # SQLite: always leads
+    # SQLite: always leads
+    assert health == {"status": "ok", "role": "leader", "replica": replica, "ray": "ok"}
     assert c.get("/readyz").json() == {"status": "ready", "store": "ok"}
     submit(srv.client())
     text = c.get("/metrics").text
