@@ -157,6 +157,16 @@ GRAD_NORM = Metric(
     group="training",
     description="global L2 norm of the gradients before clipping",
 )
+STAGE = Metric(
+    name="stage",
+    title="Stage",
+    unit="",
+    group="training",
+    description="index of the stage the step belongs to (jobs with stages; 0 is the first)",
+    format="fixed",
+    digits=0,
+    progress=True,
+)
 TOKENS_PER_S = Metric(
     name="tokens_per_s",
     title="Tokens / s",
@@ -313,6 +323,7 @@ CATALOG: tuple[Metric, ...] = (
     LOSS,
     LR,
     GRAD_NORM,
+    STAGE,
     TOKENS_PER_S,
     STEP_TIME_S,
     MEM_PEAK_BYTES,

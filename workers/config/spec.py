@@ -21,6 +21,7 @@ from workers.config.sections import (
     TrainConfig,
     VerifyConfig,
 )
+from workers.config.stages import MAX_STAGES, Stage, StageConfig, plan, stage_at
 from workers.parallel_dims import ParallelDims
 
 
@@ -41,6 +42,37 @@ class JobSpec(StrictModel):
     init_from: InitFrom | None = Field(
         None, description="start from another job's checkpoint: weights, or the full state"
     )
+    stages: list[StageConfig] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_STAGES,
+        description="context extension in one job: each stage's steps and overrides",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_of_stages(cls, data: Any) -> Any:
+        """With stages, train.steps is their sum: filled in when omitted, refused when not equal."""
+        stages = data.get("stages") if isinstance(data, dict) else None
+        if not isinstance(stages, list) or not stages:
+            return data
+        steps = [s.get("steps") if isinstance(s, dict) else None for s in stages]
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in steps):
+            return data  # each stage's own error says which
+        total = sum(steps)
+        train = data.get("train")
+        if train is None:
+            train = {}
+        if not isinstance(train, dict):
+            return data
+        if "steps" in train and train["steps"] != total:
+            fail(
+                "train.steps",
+                train["steps"],
+                f"train.steps ({train['steps']}) must be omitted or equal the stages' steps "
+                f"summed ({total})",
+            )
+        return {**data, "train": {**train, "steps": total}}
 
     @field_validator("name")
     @classmethod
@@ -159,9 +191,32 @@ class JobSpec(StrictModel):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _stages_valid(self) -> JobSpec:
+        """Every stage's effective spec obeys every rule above (errors at `stages.<i>.<field>`)."""
+        if self.stages:
+            plan(self)
+        return self
+
     @property
     def world_size(self) -> int:
-        return self.parallel.world_size
+        """Ranks the job runs on: its largest stage's (what it must be able to place)."""
+        return max(s.spec.parallel.world_size for s in self.stage_plan())
+
+    def stage_plan(self) -> list[Stage]:
+        """The stages as they run (`workers.config.stages`); one stage without `stages`."""
+        return plan(self)
+
+    def stage_at(self, step: int) -> Stage:
+        """The stage that runs the step after `step`."""
+        return stage_at(self.stage_plan(), step)
+
+    def largest_stage(self) -> Stage:
+        """The stage that needs the most: ranks first, then sequence length."""
+        return max(
+            self.stage_plan(),
+            key=lambda s: (s.spec.parallel.world_size, s.spec.data.seq_len, -s.index),
+        )
 
     def eval_suites(self) -> list[str]:
         """The suites this job runs at each eval: the spec's, or the one its data calls for."""

@@ -4,7 +4,10 @@ sharded over all.
 `Trainer` keeps the parts apart the way torchtitan does: `__init__` sets everything up (mesh, model,
 optimizer, schedule, data, journal), `load(step)` restores an explicit checkpoint,
 `forward_backward` runs one micro-step, `train_step` is one optimizer step with its metrics, and
-`train` is the short loop around it (eval, checkpoint, stop). It assumes the default process group
+`train` is the short loop around it (eval, checkpoint, stop). A `Trainer` runs one stage of its
+job (`workers.config.stages`; a job without stages is one): it trains with the stage's effective
+spec, numbers steps across the job, and starts a stage from the previous one's last checkpoint with
+the stage's own schedule and data. It assumes the default process group
 is up (world = data_parallel × ring_size × ulysses_size × tensor_size; world 1 may run without one)
 and does not know where metrics go: it hands each `MetricPoint` to `emit`. `run_training` is the
 one-call form the rank actor and the torchrun entry point use.
@@ -63,6 +66,7 @@ class TrainResult:
     final_loss: float | None
     resumed_from: int | None
     attention_backend: str
+    stopped: bool = False  # a stop request ended it (not the end of its stage)
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,12 @@ class Trainer:
         stop: threading.Event | None = None,
         device: torch.device | None = None,
         lease: Lease | None = None,
+        stage: int = 0,
     ) -> None:
+        self.job = spec
+        self.stages = spec.stage_plan()
+        self.stage = self.stages[stage]
+        spec = self.stage.spec  # the stage's effective spec: everything below trains with it
         self.spec, self.emit, self.stop, self.lease = spec, emit, stop, lease
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.device = device or default_device()
@@ -148,14 +157,13 @@ class Trainer:
             if self.checkpoint_dir is None:
                 raise ValueError(f"cannot resume from step {step} without a checkpoint directory")
             state = load_checkpoint(self.checkpoint_dir, step, self.model, self.optimizer)
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.data.load_state_dict(state["data"])
-            self.step, self.resumed_from, self.last_loss = (
-                step,
-                step,
-                state.get("extra", {}).get("loss"),
-            )
-            saved = state.get("extra", {}).get("spec", {}).get("parallel")
+            extra = state.get("extra", {})
+            if extra.get("stage", 0) == self.stage.index:
+                self.scheduler.load_state_dict(state["scheduler"])
+                self.data.load_state_dict(state["data"])
+            # else the previous stage's last checkpoint: this stage's own schedule and data start
+            self.step, self.resumed_from, self.last_loss = step, step, extra.get("loss")
+            saved = extra.get("spec", {}).get("parallel")
             moved = saved != self.spec.parallel.model_dump(mode="json")
             self.needs_verification = self.spec.verify.enabled and moved
         if self.checkpoint_dir is not None:
@@ -212,6 +220,7 @@ class Trainer:
             "extra": {
                 "loss": self.last_loss,
                 "world": self.mesh.world,
+                "stage": self.stage.index,
                 "spec": self.spec.model_dump(mode="json"),
             },
         }
@@ -228,7 +237,9 @@ class Trainer:
         """The finished model as a transformers directory, `<checkpoint dir>/model/`
         (collective: all ranks call)."""
         if self.checkpoint_dir is not None:
-            longest = max(self.spec.data.seq_len, *self.spec.eval_context_lengths())
+            longest = max(
+                max(s.spec.data.seq_len, *s.spec.eval_context_lengths()) for s in self.stages
+            )
             save_pretrained(
                 self.model, self.checkpoint_dir / "model", max_position_embeddings=longest
             )
@@ -364,6 +375,8 @@ class Trainer:
             self.point(metrics.GRAD_NORM.name, s.grad_norm)
             self.point(metrics.TOKENS_PER_S.name, s.tokens / s.seconds)
             self.point(metrics.STEP_TIME_S.name, s.seconds)
+            if self.job.stages:
+                self.point(metrics.STAGE.name, self.stage.index)
         self.point(metrics.MEM_PEAK_BYTES.name, self.memory.peak(), rank=self.mesh.rank)
         self.point(metrics.STATE_BYTES.name, s.state_bytes, rank=self.mesh.rank)
 
@@ -375,12 +388,13 @@ class Trainer:
             self.lease.check()
 
     def train(self, max_steps: int | None = None) -> TrainResult:
-        """Train to spec.train.steps, or to `max_steps` if that comes first (an absolute step; the
-        schedule still follows spec.train.steps).
+        """Train to the end of the stage, or to `max_steps` if that comes first (an absolute step;
+        the schedule still follows the stage's length).
 
         A stop request on any rank ends every rank after the current step, with a checkpoint."""
         spec = self.spec
-        end = spec.train.steps if max_steps is None else min(spec.train.steps, max_steps)
+        last = self.stage.end_step
+        end = last if max_steps is None else min(last, max_steps)
         if self.needs_verification:
             self.verify()
         saved_at = evaluated_at = self.step
@@ -404,14 +418,16 @@ class Trainer:
             self.evaluate()
         if self.step != saved_at:
             self.save()
-        if self.step >= spec.train.steps:
+        if self.step >= self.job.train.steps:
             self._fence()
             self.export()
         if self.journal is not None:
             self.journal.close()
         if self.mesh.world > 1:
             dist.barrier()
-        return TrainResult(self.step, self.last_loss, self.resumed_from, self.attention_backend)
+        return TrainResult(
+            self.step, self.last_loss, self.resumed_from, self.attention_backend, stopped
+        )
 
 
 def run_training(
@@ -428,12 +444,34 @@ def run_training(
     """Set up, resume and train; collective over all ranks.
 
     `resume_step`: the checkpoint to continue from (0: from scratch); None: the newest one in
-    `checkpoint_dir`.
+    `checkpoint_dir`. Runs the stage that step belongs to, then each following stage on the same
+    number of ranks; it returns at the end of the job, on a stop request, at `max_steps`, or before
+    a stage that needs another number of ranks (the caller places it and calls again).
     `lease`: the attempt's hold on `checkpoint_dir` (the Ray driver's fencing); None: no other
     writer can exist.
     """
-    trainer = Trainer(
-        spec, checkpoint_dir=checkpoint_dir, emit=emit, stop=stop, device=device, lease=lease
-    )
-    trainer.load(trainer.latest_checkpoint() if resume_step is None else resume_step)
-    return trainer.train(max_steps)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if resume_step is None:
+        resume_step = (latest_step(checkpoint_dir) or 0) if checkpoint_dir is not None else 0
+    step = resume_step
+    while True:
+        stage = spec.stage_at(step)
+        trainer = Trainer(
+            spec,
+            stage=stage.index,
+            checkpoint_dir=checkpoint_dir,
+            emit=emit,
+            stop=stop,
+            device=device,
+            lease=lease,
+        )
+        trainer.load(step)
+        result = trainer.train(max_steps)
+        del trainer  # the next stage builds its own model, on its own mesh
+        step = result.final_step
+        nxt = spec.stage_at(step)
+        done = result.stopped or step >= spec.train.steps or nxt.index == stage.index
+        if done or (max_steps is not None and step >= max_steps):
+            return result
+        if nxt.spec.parallel.world_size != world:
+            return result
