@@ -22,7 +22,7 @@ from service.launcher import NodeInfo
 from service.models import Job, Transition
 from service.planner import GIB, Fit, Plan
 from service.verification import verification_of
-from workers.config import MemoryKnobs
+from workers.config import JobSpec, MemoryKnobs
 from workers.protocol import JobState, RankPlacement
 
 
@@ -95,6 +95,19 @@ class VerificationOut(BaseModel):
     fp32_rel_err: float | None = Field(None, description="low precision: attention against fp32")
 
 
+class StageOut(BaseModel):
+    """One stage of a job with stages, as it runs (its overrides applied, `auto` resolved)."""
+
+    index: int
+    name: str
+    seq_len: int
+    parallel: dict[str, Any]
+    world_size: int
+    start_step: int = Field(description="steps done before it: it runs start_step + 1 ..")
+    end_step: int
+    state: str = Field(description="done, pending, or the job's state for its current stage")
+
+
 class JobOut(_FromRow):
     """A job row (`service.models.Job`), plus its transitions when the route reads them."""
 
@@ -137,6 +150,34 @@ class JobOut(_FromRow):
     memory_knobs: str = Field(
         "", description="the spec's memory knobs in words (what the dashboard and CLI show)"
     )
+    stages: list[StageOut] | None = Field(None, description="null unless the spec has stages")
+    stage: int | None = Field(None, description="index of the current stage; null without stages")
+
+    @pydantic.model_validator(mode="after")
+    def _stages_of_spec(self) -> JobOut:
+        if not self.spec.get("stages"):
+            return self
+        plan = JobSpec.model_validate(self.spec).stage_plan()
+        current = next((s.index for s in plan if self.step < s.end_step), plan[-1].index)
+        self.stage = current
+        self.stages = [
+            StageOut(
+                index=s.index,
+                name=s.name,
+                seq_len=s.spec.data.seq_len,
+                parallel=s.spec.parallel.model_dump(mode="json"),
+                world_size=s.spec.parallel.world_size,
+                start_step=s.start_step,
+                end_step=s.end_step,
+                state="done"
+                if self.step >= s.end_step
+                else str(self.state.value)
+                if s.index == current
+                else "pending",
+            )
+            for s in plan
+        ]
+        return self
 
     @pydantic.model_validator(mode="after")
     def _knobs_in_words(self) -> JobOut:

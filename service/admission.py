@@ -119,7 +119,9 @@ def uses_gpus(spec: JobSpec, cluster: ClusterInfo) -> bool:
 
 
 def demand_of(spec: JobSpec, gpu: bool) -> Demand:
-    """The job's placement bundles: one per rank, or one per tensor group (kept on one node)."""
+    """The job's placement bundles: one per rank, or one per tensor group (kept on one node); for
+    a job with stages, its largest stage's (one stage holds its group at a time)."""
+    spec = spec.largest_stage().spec
     dims = ParallelDims.of(spec.parallel)
     bundle = dims.placement_bundle(gpu=gpu, cpus_per_worker=spec.resources.cpus_per_worker)
     return Demand(dims.placement_units, bundle["CPU"], bundle.get("GPU", 0.0))

@@ -1,8 +1,10 @@
 """The job state machine, in one place.
 
-    QUEUED → PLACING → RUNNING → SUCCEEDED | FAILED | CANCELLED
+    QUEUED → PLACING ⇄ RUNNING → SUCCEEDED | FAILED | CANCELLED
                  ↑  ↓      ↓ ↑
                  RETRYING ←┘ (re-reserve, resume from the last checkpoint)
+
+RUNNING → PLACING: a job with stages moves to a stage that needs another group of ranks.
 
 Terminal states never change. Every transition is stored with a time and a reason (`service.store`).
 
@@ -21,7 +23,7 @@ S = JobState
 ALLOWED: dict[JobState, frozenset[JobState]] = {
     S.QUEUED: frozenset({S.PLACING, S.FAILED, S.CANCELLED}),
     S.PLACING: frozenset({S.RUNNING, S.RETRYING, S.FAILED, S.CANCELLED}),
-    S.RUNNING: frozenset({S.RETRYING, S.SUCCEEDED, S.FAILED, S.CANCELLED}),
+    S.RUNNING: frozenset({S.PLACING, S.RETRYING, S.SUCCEEDED, S.FAILED, S.CANCELLED}),
     S.RETRYING: frozenset({S.PLACING, S.RUNNING, S.FAILED, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),

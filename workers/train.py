@@ -3,10 +3,12 @@
     torchrun --nproc-per-node N -m workers.train SPEC.yaml [--steps K] [--metrics-jsonl PATH]
         [--checkpoint-dir DIR]
 
-N must equal data_parallel × ring_size × ulysses_size × tensor_size. Rendezvous comes from
-torchrun's environment (env://); the backend is nccl when CUDA is available, else gloo. Each metric
-point becomes one JSON line {"step", "name", "value", "rank"?}: every rank appends to PATH when
-given (its per-rank points included), otherwise rank 0 prints to stdout.
+N must equal data_parallel × ring_size × ulysses_size × tensor_size (of the stage the run resumes
+into, for a job with stages: a run trains the stages that share its N and stops before one that
+needs another N, saying so; run it again with that N and the same --checkpoint-dir). Rendezvous
+comes from torchrun's environment (env://); the backend is nccl when CUDA is available, else gloo.
+Each metric point becomes one JSON line {"step", "name", "value", "rank"?}: every rank appends to
+PATH when given (its per-rank points included), otherwise rank 0 prints to stdout.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.distributed as dist
 
 from workers.config import load_spec
 from workers.protocol import MetricPoint
+from workers.training.checkpoint import latest_step
 from workers.training.trainer import run_training
 
 
@@ -51,10 +54,20 @@ def main(argv: list[str] | None = None) -> int:
             "`ringtrain plan SPEC --fit --memory-per-rank GIB` and put the ring_size it chooses in "
             "the spec"
         )
-    if world != spec.world_size:
+    done = (latest_step(args.checkpoint_dir) or 0) if args.checkpoint_dir is not None else 0
+    stage = spec.stage_at(done)
+    need = stage.spec.parallel.world_size
+    if world != need:
+        which = f" for stage {stage.index + 1} ({stage.name})" if spec.stages else ""
         parser.error(
-            f"launched {world} processes but the spec needs "
-            f"data_parallel x ring_size x ulysses_size x tensor_size = {spec.world_size}"
+            f"launched {world} processes but the spec needs data_parallel x ring_size x "
+            f"ulysses_size x tensor_size = {need}{which}"
+        )
+    sizes = {s.spec.parallel.world_size for s in spec.stage_plan()}
+    if len(sizes) > 1 and args.checkpoint_dir is None:
+        parser.error(
+            "the stages run on different numbers of ranks: give --checkpoint-dir, so the next "
+            "launch continues from this one's last checkpoint"
         )
     if "RANK" in os.environ:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -90,6 +103,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{result.resumed_from}, attention backend {result.attention_backend}",
                 file=sys.stderr,
             )
+            if not result.stopped and result.final_step < min(
+                args.steps or 1 << 62, spec.train.steps
+            ):
+                nxt = spec.stage_at(result.final_step)
+                print(
+                    f"stage {nxt.index + 1} ({nxt.name}) runs on "
+                    f"{nxt.spec.parallel.world_size} ranks: launch again with --nproc-per-node "
+                    f"{nxt.spec.parallel.world_size} and the same --checkpoint-dir",
+                    file=sys.stderr,
+                )
     finally:
         if out is not None and out is not sys.stdout:
             out.close()

@@ -140,10 +140,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def shape_lines(spec: dict[str, Any]) -> list[str]:
-    """The stored parallel shape and memory knobs (what `ring_size: auto` was resolved to)."""
-    par, train = spec.get("parallel", {}), spec.get("train", {})
-    shape = " x ".join(
+def _shape(par: dict[str, Any]) -> str:
+    return " x ".join(
         f"{name} {par.get(key, 1)}"
         for name, key in (
             ("dp", "data_parallel"),
@@ -152,12 +150,32 @@ def shape_lines(spec: dict[str, Any]) -> list[str]:
             ("tensor", "tensor_size"),
         )
     )
+
+
+def shape_lines(spec: dict[str, Any]) -> list[str]:
+    """The stored parallel shape and memory knobs (what `ring_size: auto` was resolved to)."""
+    par, train = spec.get("parallel", {}), spec.get("train", {})
+    shape = _shape(par)
     seq = spec.get("data", {}).get("seq_len", "?")
     knobs = MemoryKnobs.read(train).describe()
     return [
         f"  parallel  {shape} ({par.get('layout', '?')}), seq_len {seq}",
         f"  memory    {knobs}",
     ]
+
+
+def stage_lines(j: JobOut) -> list[str]:
+    """A job's stages, one line each: steps, length, shape and state (none without stages)."""
+    if not j.stages:
+        return []
+    now = j.stages[j.stage or 0]
+    lines = [f"  stages    {len(j.stages)}, now {now.index + 1}: {now.name}"]
+    for st in j.stages:
+        lines.append(
+            f"    {st.index + 1:<2} {st.name[:16]:<16} steps {st.start_step + 1}-{st.end_step:<6} "
+            f"seq_len {st.seq_len:<7} {_shape(st.parallel)} ({st.world_size} ranks)  {st.state}"
+        )
+    return lines
 
 
 def verification_line(j: JobOut) -> str:
@@ -191,7 +209,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   "
                 f"priority {j.priority}"
             )
-            for line in shape_lines(j.spec):
+            for line in shape_lines(j.spec) + stage_lines(j):
                 print(line)
             print(
                 f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   "

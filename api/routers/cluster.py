@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from api.body import JSON_TYPES, check_data_path, parse_spec
 from api.deps import Ctx, Owner
 from api.errors import ApiError
-from api.routers.jobs import ERRORS, SPEC_BODY, fit_or_422
+from api.routers.jobs import ERRORS, SPEC_BODY, fit_or_422, resolve_ring_auto
 from api.schemas import ClusterOut, ErrorResponse, FitOut, PlanOut
 from service import admission
 from service.launcher import ClusterInfo
@@ -91,10 +91,22 @@ async def plan_job(
     except Exception as e:
         cluster, cluster_error = ClusterInfo(), f"cannot read the cluster: {type(e).__name__}: {e}"
     chosen: FitOut | None = None
-    if fitting or spec.parallel.ring_auto:
-        field = "fit.memory_per_rank_gib" if fitting else "parallel.ring_size"
-        spec, chosen = fit_or_422(spec, cluster, budget, field)
-    p = plan(spec, cluster)
+    if spec.stages:  # each stage is fitted (ring_size auto) and placed on its own
+        if fitting:
+            raise ApiError(
+                422,
+                "a job with stages is fitted stage by stage: set parallel.ring_size: auto (for "
+                "the job or in a stage) instead of asking for fit",
+                field="fit",
+            )
+        if any(st.spec.parallel.ring_auto for st in spec.stage_plan()):
+            spec = await resolve_ring_auto(ctx, spec)
+        p = plan(spec.largest_stage().spec, cluster)
+    else:
+        if fitting or spec.parallel.ring_auto:
+            field = "fit.memory_per_rank_gib" if fitting else "parallel.ring_size"
+            spec, chosen = fit_or_422(spec, cluster, budget, field)
+        p = plan(spec, cluster)
     if cluster_error:
         p.warnings.insert(0, cluster_error + " - placement not previewed")
     return PlanOut.of(spec.model_dump(mode="json"), p, cluster_error, chosen)

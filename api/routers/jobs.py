@@ -27,7 +27,7 @@ from service.init_from import InitFromRefused, resolve_init_from
 from service.launcher import ClusterInfo
 from service.planner import GIB, device_memory, plan
 from service.verification import Outcome, verification_is
-from workers.config import JobSpec
+from workers.config import JobSpec, with_overrides
 from workers.protocol import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -57,15 +57,17 @@ async def check_against_cluster(ctx: AppContext, spec: JobSpec) -> ClusterInfo |
     cluster = admission.with_autoscaler(seen, ctx.settings.autoscaler_nodes)
     if not any(n.alive for n in cluster.nodes):
         return cluster
-    p = plan(spec, cluster)
-    if not p.fits:  # with alive nodes, the planner says no only when the whole cluster is too small
-        shapes = ctx.settings.autoscaler_nodes
-        limit = (
-            f" (counted with what the autoscaler may add: {capacity.growth_limit(shapes)})"
-            if shapes
-            else ""
-        )
-        raise ApiError(422, p.warnings[0] + limit, field="parallel.ring_size")
+    for stage in spec.stage_plan():  # each stage is placed on its own
+        p = plan(stage.spec, cluster)
+        if not p.fits:  # with alive nodes, the planner says no only when the cluster is too small
+            shapes = ctx.settings.autoscaler_nodes
+            limit = (
+                f" (counted with what the autoscaler may add: {capacity.growth_limit(shapes)})"
+                if shapes
+                else ""
+            )
+            field = f"stages.{stage.index}.parallel.ring_size" if spec.stages else None
+            raise ApiError(422, p.warnings[0] + limit, field=field or "parallel.ring_size")
     return cluster
 
 
@@ -93,7 +95,8 @@ def fit_or_422(
 
 
 async def resolve_ring_auto(ctx: AppContext, spec: JobSpec) -> JobSpec:
-    """`parallel.ring_size: auto`: the spec `fit` chooses against the devices' memory."""
+    """`parallel.ring_size: auto`: the spec `fit` chooses against the devices' memory; per stage
+    for a job with stages (each stage's choice stored as its overrides)."""
     try:
         cluster = admission.with_autoscaler(await ctx.cluster(), ctx.settings.autoscaler_nodes)
     except Exception as e:
@@ -104,7 +107,16 @@ async def resolve_ring_auto(ctx: AppContext, spec: JobSpec) -> JobSpec:
             f"which cannot be read ({why}); give a ring_size",
             field="parallel.ring_size",
         ) from e
-    return fit_or_422(spec, cluster, None, "parallel.ring_size")[0]
+    if not spec.stages:
+        return fit_or_422(spec, cluster, None, "parallel.ring_size")[0]
+    resolved: dict[int, dict[str, dict[str, Any]]] = {}
+    for stage in spec.stage_plan():
+        if stage.spec.parallel.ring_auto:
+            field = f"stages.{stage.index}.parallel.ring_size"
+            chosen = fit_or_422(stage.spec, cluster, None, field)[0]
+            shape = chosen.parallel.model_dump(include={"ring_size", "ulysses_size", "tensor_size"})
+            resolved[stage.index] = {"parallel": shape, "train": chosen.train.knobs.fields()}
+    return with_overrides(spec, resolved)
 
 
 def check_against_quota(
@@ -149,8 +161,8 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
             )
         except InitFromRefused as e:
             raise ApiError(422, str(e), field=e.field) from e
-    if spec.parallel.ring_auto:  # resolved now, against the devices' memory, and stored so
-        spec = await resolve_ring_auto(ctx, spec)
+    if any(s.spec.parallel.ring_auto for s in spec.stage_plan()):
+        spec = await resolve_ring_auto(ctx, spec)  # now, against the devices' memory; stored so
     cluster = await check_against_cluster(ctx, spec)
     check_against_quota(ctx, owner, spec, cluster)
     if cluster is not None and any(n.alive for n in cluster.nodes):  # else resolved at admission

@@ -5,7 +5,8 @@ Cross-field rules raise errors located at the offending field (e.g. ``data.seq_l
 the API can answer 422 naming it. `workers.config` is the public import path; the modules:
 `base` (strict fields, errors at a path), `sections` (data, parallel, train, ...), `models` (the
 native config and the kind table), `pretrained` (`model.kind: hf`), `knobs` (the memory knobs as one
-value), `rules` (cross-section rules the planner also asks), `spec` (`JobSpec`, `load_spec`).
+value), `rules` (cross-section rules the planner also asks), `stages` (a job's stages and each one's
+effective spec), `spec` (`JobSpec`, `load_spec`).
 """
 
 from workers.config.base import MAX_MLP_TILES, MAX_SEQ_LEN, MAX_WORLD, Layout, StrictModel
@@ -43,6 +44,7 @@ from workers.config.sections import (
     VerifyConfig,
 )
 from workers.config.spec import JobSpec, load_spec
+from workers.config.stages import Stage, StageConfig, with_overrides
 
 __all__ = [
     "AUTO_RING",
@@ -69,6 +71,8 @@ __all__ = [
     "PasskeyData",
     "ResourcesConfig",
     "RopeScaling",
+    "Stage",
+    "StageConfig",
     "StrictModel",
     "TextData",
     "TokensData",
@@ -83,4 +87,5 @@ __all__ = [
     "rope_coverage_warning",
     "tensor_heads_problem",
     "ulysses_heads_problem",
+    "with_overrides",
 ]

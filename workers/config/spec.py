@@ -57,9 +57,10 @@ class JobSpec(StrictModel):
         if not isinstance(stages, list) or not stages:
             return data
         steps = [s.get("steps") if isinstance(s, dict) else None for s in stages]
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in steps):
+        counts = [n for n in steps if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+        if len(counts) != len(steps):
             return data  # each stage's own error says which
-        total = sum(steps)
+        total = sum(counts)
         train = data.get("train")
         if train is None:
             train = {}

@@ -175,3 +175,21 @@ def stage_at(stages: list[Stage], step: int) -> Stage:
         if step < s.end_step:
             return s
     return stages[-1]
+
+
+def with_overrides(spec: JobSpec, overrides: dict[int, dict[str, dict[str, Any]]]) -> JobSpec:
+    """`spec` with more overrides written into some of its stages (`{index: {section: {field:
+    value}}}`): how the control plane stores what it resolved per stage (`ring_size: auto`, the
+    knobs that fit). A job's `parallel.ring_size: auto` becomes 1 once every stage has its own."""
+    from workers.config.spec import JobSpec
+
+    data = spec.model_dump(mode="json")
+    for i, sections in overrides.items():
+        stage = data["stages"][i]
+        for section, fields in sections.items():
+            stage[section] = {**(stage.get(section) or {}), **fields}
+    if data["parallel"]["ring_size"] == "auto" and all(
+        (s.get("parallel") or {}).get("ring_size", "auto") != "auto" for s in data["stages"]
+    ):
+        data["parallel"]["ring_size"] = 1
+    return JobSpec.model_validate(data)

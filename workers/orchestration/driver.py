@@ -13,6 +13,12 @@ machine that ties them:
     any other failure → FAILED with the message;
     SIGTERM (Ray job stop) → CANCELLED, actors and group released.
 
+A job with stages (`workers.config.stages`) runs each stage on a group placed for it: the ranks
+train through the stages that share their number of ranks and return before one that needs
+another; the driver releases the group and places the next (RUNNING → PLACING → RUNNING), which
+resumes from the last stage's final checkpoint. A lost rank resumes in whichever stage that
+checkpoint starts.
+
 No path waits forever. The environment it starts with is `workers.protocol.DriverEnv`.
 """
 
@@ -123,14 +129,19 @@ class JobDriver:
         while True:
             try:
                 self.group = None
-                self.group = self._reserve(first_resume)
+                self.group = self._reserve(plan.step, first_resume)
                 first_resume = None  # RETRYING carries it from here on
                 init_group(self.group, self.cancelled)
-                self._report_running(self.group)
+                self._report_running(self.group, plan.step)
                 result = self._train(self.group, plan.step)
                 self._teardown()
                 if result.stopped and self.cancelled():
                     raise Cancelled()
+                if not result.stopped and result.final_step < self.spec.train.steps:
+                    # the next stage needs another number of ranks: place it and go on
+                    plan = ResumePlan(step=result.final_step, replay=[])
+                    self._next_stage(result.final_step)
+                    continue
                 return self._succeeded(result)
             except Cancelled:
                 self._stop_gracefully()
@@ -168,12 +179,25 @@ class JobDriver:
                 msg = f"driver error: {type(e).__name__}: {e}"
                 return self._failed(_first_line(msg), detail=msg + "\n" + traceback.format_exc())
 
-    def _reserve(self, resume_step: int | None) -> RankGroup:
+    def _next_stage(self, step: int) -> None:
+        stage = self.spec.stage_at(step)
+        self.reporter.state(
+            JobState.PLACING,
+            f"stage {stage.index + 1}/{len(self.spec.stage_plan())} ({stage.name}) from step "
+            f"{step}: placing {stage.spec.parallel.world_size} rank(s)",
+            metadata={"stage": stage.index},
+        )
+
+    def _reserve(self, step: int, resume_step: int | None) -> RankGroup:
+        """The group for the stage that runs after `step` (the whole job without stages)."""
+        stage = self.spec.stage_at(step)
         if self.gpu is None:
             self.gpu = wants_gpus(self.spec, alive_node_resources())
         attempt_name = f"rt-{self.env.job_id}-d{self.env.attempt}-r{self.restarts}"
+        if self.spec.stages:
+            attempt_name += f"-s{stage.index}"
         return reserve(
-            self.spec,
+            stage.spec,
             name=attempt_name,
             timeout_s=self.env.placement_timeout_s,
             gpu=self.gpu,
@@ -199,8 +223,9 @@ class JobDriver:
         log.error("%s", detail or reason)
         return 1
 
-    def _report_running(self, g: RankGroup) -> None:
-        dims = ParallelDims.of(self.spec.parallel)
+    def _report_running(self, g: RankGroup, step: int) -> None:
+        stage = self.spec.stage_at(step)
+        dims = ParallelDims.of(stage.spec.parallel)
         meta: Metadata = {
             "attention_backend": g.attention_backend,
             "dist_backend": g.backend,
@@ -212,9 +237,13 @@ class JobDriver:
             "restarts": self.restarts,
             "driver_attempt": self.env.attempt,
         }
+        where = f"training on {meta['nodes']} node(s), {len(g.assignments)} rank(s)"
+        if self.spec.stages:
+            meta["stage"] = stage.index
+            where = f"stage {stage.index + 1}/{len(self.spec.stages)} ({stage.name}): {where}"
         self.reporter.state(
             JobState.RUNNING,
-            f"training on {meta['nodes']} node(s), {len(g.assignments)} rank(s)",
+            where,
             placement=g.placement(),
             metadata=meta,
         )

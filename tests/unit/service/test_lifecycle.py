@@ -120,6 +120,7 @@ def test_lifecycle_machine() -> None:
     assert lifecycle.path(S.QUEUED, S.RUNNING) == [S.PLACING, S.RUNNING]
     assert lifecycle.path(S.RETRYING, S.SUCCEEDED) == [S.RUNNING, S.SUCCEEDED]
     assert lifecycle.path(S.RUNNING, S.RUNNING) == []
+    assert lifecycle.path(S.RUNNING, S.PLACING) == [S.PLACING]  # a staged job's next group
     for term in (S.SUCCEEDED, S.FAILED, S.CANCELLED):
         for dst in S:
             if dst != term:
@@ -134,7 +135,7 @@ def test_lifecycle_machine() -> None:
 EXPECTED_MOVES: dict[JobState, set[JobState]] = {
     S.QUEUED: {S.PLACING, S.FAILED, S.CANCELLED},
     S.PLACING: {S.RUNNING, S.RETRYING, S.FAILED, S.CANCELLED},
-    S.RUNNING: {S.RETRYING, S.SUCCEEDED, S.FAILED, S.CANCELLED},
+    S.RUNNING: {S.PLACING, S.RETRYING, S.SUCCEEDED, S.FAILED, S.CANCELLED},  # PLACING: next stage
     S.RETRYING: {S.PLACING, S.RUNNING, S.FAILED, S.CANCELLED},
     S.SUCCEEDED: set(),
     S.FAILED: set(),
