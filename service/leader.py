@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from service.store import Deposed, LeaseView, Store
+from service.store import Deposed, LeaseBusy, LeaseView, Store
 from service.store.database import WriteGuard
 
 log = logging.getLogger("ringtrain.leader")
@@ -113,6 +113,9 @@ class Leadership:
         self.store = store
         self.lease_s = lease_s
         self.renew_every_s = lease_s / 3
+        # the longest wait for the lease row (locked by a write in flight, or by a dead client's
+        # transaction until PostgreSQL ends it): half a round, so a round never blocks the next
+        self.lock_wait_s = self.renew_every_s / 2
         # stop acting this long before the lease could expire: room for clock-rate drift and the
         # control loops' in-flight calls
         self.margin_s = max(lease_s / 5, 0.2)
@@ -187,8 +190,8 @@ class Leadership:
         await self._step_down("shutting down")
         if epoch:
             with contextlib.suppress(Exception):
-                release = self.store.leases.release
-                await asyncio.wait_for(self._call(release, self.replica, epoch), timeout=5)
+                call = self._call(self._release, epoch)
+                await asyncio.wait_for(call, timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -198,8 +201,21 @@ class Leadership:
 
     def _acquire(self) -> LeaseView:
         stale = (lambda v: sqlite_holder_gone(v, self.host, self.pid)) if self.exclusive else None
+        return self.store.leases.acquire(
+            self.replica,
+            self.lease_s,
+            host=self.host,
+            pid=self.pid,
+            stale=stale,
+            lock_wait_s=self.lock_wait_s,
+        )
+
+    def _renew(self, epoch: int) -> LeaseView | None:
         leases = self.store.leases
-        return leases.acquire(self.replica, self.lease_s, host=self.host, pid=self.pid, stale=stale)
+        return leases.renew(self.replica, epoch, self.lease_s, lock_wait_s=self.lock_wait_s)
+
+    def _release(self, epoch: int) -> bool:
+        return self.store.leases.release(self.replica, epoch, lock_wait_s=self.lock_wait_s)
 
     async def _run(self) -> None:
         while True:
@@ -224,9 +240,7 @@ class Leadership:
         if self.leader:
             epoch = self._epoch
             try:
-                renew = self.store.leases.renew
-                call = self._call(renew, self.replica, epoch, self.lease_s)
-                view = await asyncio.wait_for(call, timeout)
+                view = await asyncio.wait_for(self._call(self._renew, epoch), timeout)
             except Exception as e:  # unreachable or slow: the deadline decides
                 log.warning("lease renewal failed (%s: %s)", type(e).__name__, str(e)[:200])
                 return max(0.0, t0 + self.renew_every_s - time.monotonic())
@@ -238,6 +252,9 @@ class Leadership:
             return max(0.0, t0 + self.renew_every_s - time.monotonic())
         try:
             view = await asyncio.wait_for(self._call(self._acquire), timeout)
+        except LeaseBusy as e:  # a write in flight, or a dead client's transaction: soon again
+            log.info("lease not acquired this round (%s)", e)
+            return self.lock_wait_s
         except Exception as e:
             log.warning("cannot read the lease (%s: %s)", type(e).__name__, str(e)[:200])
             return self.renew_every_s

@@ -21,10 +21,84 @@ HASHED_PREFIX = (
 )
 
 
+class DatabaseClient(BaseSettings):
+    """How the control plane holds its PostgreSQL connections (`RINGTRAIN_DB_*`; SQLite ignores
+    them). The defaults suit a direct connection to PostgreSQL; `service.db.make_engine` applies
+    them to the pool and `service.db.listen_dsn` to the LISTEN connection.
+
+    Connections per replica: at most `pool_size + max_overflow` from the pool plus two of the
+    event relay (LISTEN and NOTIFY); with the defaults, 2 replicas hold up to 2 x (10 + 20 + 2)
+    = 64, and a one-off `ringtrain db upgrade` one more. Small managed tiers (often 25 to 100
+    connections) want e.g. pool_size 5 and max_overflow 5.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RINGTRAIN_DB_", extra="ignore")
+
+    pool_size: int = Field(10, ge=1, description="connections the pool keeps open")
+    max_overflow: int = Field(
+        20, ge=0, description="connections opened beyond pool_size under load, closed after"
+    )
+    connect_timeout_s: int = Field(
+        10, ge=2, description="give up a connection attempt after this long (libpq: >= 2 s)"
+    )
+    keepalives_idle_s: int = Field(
+        30, ge=1, description="TCP keepalives, both ends: first probe after this much silence"
+    )
+    keepalives_interval_s: int = Field(10, ge=1, description="then one probe per interval")
+    keepalives_count: int = Field(
+        3, ge=1, description="a peer silent for this many probes is dead (30 + 3 x 10 = 60 s)"
+    )
+    lock_timeout_s: float = Field(
+        5.0, gt=0, description="a statement waiting longer for a row or table lock fails"
+    )
+    idle_in_transaction_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="PostgreSQL ends a session idle this long inside a transaction (a client "
+        "that died mid-write) and frees its locks; keep it below the leader lease",
+    )
+    session_options: bool = Field(
+        True,
+        description="send lock_timeout, idle_in_transaction_session_timeout and the server's "
+        "keepalives as startup options; false behind PgBouncer, which refuses them (set them "
+        "on the role instead: ALTER ROLE ... SET lock_timeout = '5s', ...)",
+    )
+
+    def libpq_params(self) -> dict[str, str]:
+        """Connection parameters libpq reads from a URL or a conninfo string."""
+        return {
+            "connect_timeout": str(self.connect_timeout_s),
+            "keepalives": "1",
+            "keepalives_idle": str(self.keepalives_idle_s),
+            "keepalives_interval": str(self.keepalives_interval_s),
+            "keepalives_count": str(self.keepalives_count),
+        }
+
+    def server_options(self) -> str:
+        """The `options` startup parameter: the session settings PostgreSQL applies from the
+        first statement on (empty when `session_options` is off)."""
+        if not self.session_options:
+            return ""
+        settings = {
+            "lock_timeout": f"{round(self.lock_timeout_s * 1000)}ms",
+            "idle_in_transaction_session_timeout": (
+                f"{round(self.idle_in_transaction_timeout_s * 1000)}ms"
+            ),
+            "tcp_keepalives_idle": str(self.keepalives_idle_s),
+            "tcp_keepalives_interval": str(self.keepalives_interval_s),
+            "tcp_keepalives_count": str(self.keepalives_count),
+        }
+        return " ".join(f"-c {k}={v}" for k, v in settings.items())
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RINGTRAIN_", extra="ignore")
 
     database_url: str = "sqlite:///./ringtrain.db"
+    db: DatabaseClient = Field(
+        default_factory=DatabaseClient,
+        description="PostgreSQL client settings, from RINGTRAIN_DB_* (see DatabaseClient)",
+    )
     ray_address: str = Field(
         "", description="Ray dashboard/job API, e.g. http://head:8265; empty = local head"
     )

@@ -21,7 +21,7 @@ from service.store.database import Database
 from service.store.errors import JobEnded, JobNotFound, ReportGap, StoreError
 from service.store.events import Event, EventBus
 from service.store.jobs import Jobs
-from service.store.leases import Deposed, Leases, LeaseView
+from service.store.leases import Deposed, LeaseBusy, Leases, LeaseView
 from service.store.metrics import Metrics, ReportResult, Series
 from service.store.tokens import Tokens, hash_token
 
@@ -34,6 +34,7 @@ __all__ = [
     "JobEnded",
     "JobNotFound",
     "Jobs",
+    "LeaseBusy",
     "LeaseView",
     "Leases",
     "Metrics",

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock wait that ran past lock_timeout
+
+
+def lock_wait_over(e: BaseException | None) -> bool:
+    """A driver error (SQLAlchemy's DBAPIError) saying a lock wait ran past lock_timeout."""
+    return getattr(getattr(e, "orig", None), "sqlstate", None) == LOCK_NOT_AVAILABLE
+
 
 class StoreError(RuntimeError):
     """The database could not be reached or refused the write (-> 503)."""

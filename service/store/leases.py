@@ -5,11 +5,17 @@ Times are the database's own clock, so replicas whose clocks disagree still agre
 write fenced by a lease (`check`, inside the write's own transaction) holds the row FOR SHARE on
 PostgreSQL until it commits: a takeover (an UPDATE of the row) waits for it, so a write either
 commits before the new epoch exists or sees it and is refused.
+
+Taking the row FOR UPDATE (acquire, renew, release) waits at most `lock_wait_s` (a transaction-
+local lock_timeout): a row held by a transaction that never ends (its client died mid-write, until
+PostgreSQL's idle-in-transaction timeout ends it) raises `LeaseBusy`, "not this round", instead of
+blocking the caller's thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy import select, text
@@ -17,9 +23,15 @@ from sqlalchemy.orm import Session
 
 from service.models import LeaderLease
 from service.store.database import Database
-from service.store.errors import StoreError
+from service.store.errors import StoreError, lock_wait_over
 
 CONTROLLER = "controller"
+LOCK_WAIT_S = 2.0  # the default bound on waiting for the lease row
+
+
+class LeaseBusy(StoreError):
+    """The lease row stayed locked by another transaction longer than the caller would wait:
+    nothing was read or changed this round."""
 
 
 class Deposed(StoreError):
@@ -66,6 +78,22 @@ class Leases:
             q = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
         return float(s.execute(text(q)).scalar_one())
 
+    @contextmanager
+    def _locking(self, lock_wait_s: float) -> Iterator[Session]:
+        """A write transaction whose row locks wait at most `lock_wait_s` (PostgreSQL)."""
+        try:
+            with self.db.write() as (s, _):
+                if not self.db.is_sqlite:
+                    ms = max(1, round(lock_wait_s * 1000))
+                    s.execute(text(f"SET LOCAL lock_timeout = '{ms}ms'"))
+                yield s
+        except StoreError as e:
+            if lock_wait_over(e.__cause__):
+                raise LeaseBusy(
+                    f"the lease row stayed locked for over {lock_wait_s:g} s: not this round"
+                ) from e
+            raise
+
     def _row(self, s: Session, name: str, lock: bool) -> LeaderLease:
         q = select(LeaderLease).where(LeaderLease.name == name)
         if lock and not self.db.is_sqlite:
@@ -90,10 +118,11 @@ class Leases:
         pid: int | None = None,
         stale: Callable[[LeaseView], bool] | None = None,
         name: str = CONTROLLER,
+        lock_wait_s: float = LOCK_WAIT_S,
     ) -> LeaseView:
         """Take the lease when nobody holds it, it expired, it is already ours, or `stale` says its
         holder is gone; the epoch grows by one. Returns the lease as it now is (ours or not)."""
-        with self.db.write() as (s, _):
+        with self._locking(lock_wait_s) as s:
             row = self._row(s, name, lock=True)
             now = self._now(s)
             seen = _view(row, now)
@@ -110,9 +139,10 @@ class Leases:
         epoch: int,
         lease_s: float,
         name: str = CONTROLLER,
+        lock_wait_s: float = LOCK_WAIT_S,
     ) -> LeaseView | None:
         """Extend our lease; None when it is no longer ours (another replica took it)."""
-        with self.db.write() as (s, _):
+        with self._locking(lock_wait_s) as s:
             row = self._row(s, name, lock=True)
             now = self._now(s)
             if row.holder != holder or row.epoch != epoch:
@@ -120,10 +150,12 @@ class Leases:
             row.expires_at, row.renewed_at = now + lease_s, now
             return _view(row, now)
 
-    def release(self, holder: str, epoch: int, name: str = CONTROLLER) -> bool:
+    def release(
+        self, holder: str, epoch: int, name: str = CONTROLLER, lock_wait_s: float = LOCK_WAIT_S
+    ) -> bool:
         """Give the lease up at once (a clean shutdown), so another replica need not wait for it to
         expire."""
-        with self.db.write() as (s, _):
+        with self._locking(lock_wait_s) as s:
             row = self._row(s, name, lock=True)
             if row.holder != holder or row.epoch != epoch:
                 return False
