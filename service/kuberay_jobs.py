@@ -52,11 +52,23 @@ class KubeAPIError(RuntimeError):
 @dataclass(frozen=True)
 class KubeAPI:
     """Where the Kubernetes API is and how to authenticate: in a pod, its service account
-    (`in_cluster`)."""
+    (`in_cluster`). A `token_file` is read on every request: the kubelet rotates projected
+    service-account tokens in place (hourly, valid for about an hour more), so a token read once
+    at start stops working while the process runs on; `token` is used when there is no file or
+    it cannot be read."""
 
     url: str
     token: str = ""
     ca_file: str | None = None
+    token_file: str | None = None
+
+    def bearer(self) -> str:
+        if self.token_file:
+            try:
+                return Path(self.token_file).read_text().strip()
+            except OSError:
+                pass
+        return self.token
 
     @classmethod
     def in_cluster(cls, url: str = "") -> KubeAPI:
@@ -76,12 +88,13 @@ class KubeAPI:
         ca = SERVICE_ACCOUNT / "ca.crt"
         return cls(
             url,
-            token.read_text().strip() if token.is_file() else "",
-            str(ca) if ca.is_file() else None,
+            ca_file=str(ca) if ca.is_file() else None,
+            token_file=str(token) if token.is_file() else None,
         )
 
     def client(self) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        token = self.bearer()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(
             base_url=self.url, headers=headers, verify=self.ca_file or True, timeout=15
         )
