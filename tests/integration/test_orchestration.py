@@ -177,6 +177,44 @@ def test_two_rank_job_succeeds_and_metrics_arrive_in_order(harness: Harness) -> 
     )
 
 
+# -- stages ----------------------------------------------------------------------------------------------------------
+@pytest.mark.ray
+@pytest.mark.slow
+def test_each_stage_is_placed_on_its_own_group_and_the_steps_continue(harness: Harness) -> None:
+    """One rank for a short stage, then a ring of 2 for a longer one: the driver releases the first
+    group and places the second (PLACING again), which resumes from the first stage's checkpoint;
+    every step reports its loss and stage once."""
+    spec = tiny_spec(
+        parallel={"ring_size": 1},
+        train={"steps": 4},
+        checkpoint={"every_steps": 0},
+        stages=[
+            {"steps": 2, "name": "short"},
+            {"steps": 2, "name": "long", "data": {"seq_len": 256}, "parallel": {"ring_size": 2}},
+        ],
+    )
+    sid = harness.submit("st1", spec)
+    final = harness.finish("st1", sid, timeout_s=180)
+    assert final["state"] == "SUCCEEDED", final
+    job = harness.receiver.jobs["st1"]
+    assert [s["state"] for s in job.states] == [
+        "PLACING",
+        "RUNNING",
+        "PLACING",
+        "RUNNING",
+        "SUCCEEDED",
+    ]
+    first, second = (s for s in job.states if s["state"] == "RUNNING")
+    assert [len(first["placement"]), len(second["placement"])] == [1, 2]
+    assert (first["metadata"]["stage"], second["metadata"]["stage"]) == (0, 1)
+    assert "stage 2/2 (long)" in second["reason"] and "from step 2" in job.states[2]["reason"]
+    assert losses(job) == [1, 2, 3, 4]
+    assert [p["value"] for p in job.points if p["name"] == "stage"] == [0, 0, 1, 1]
+    names = sorted(pg["name"] for pg in job_pgs(harness.head, "st1"))
+    assert [n.rsplit("-", 1)[1] for n in names] == ["s0", "s1"], names
+    assert (harness.tmp / "st1" / "model" / "config.json").is_file()
+
+
 # -- ring x tensor parallel ------------------------------------------------------------------------------------------
 @pytest.mark.ray
 @pytest.mark.slow

@@ -140,7 +140,6 @@ class JobDriver:
                 if not result.stopped and result.final_step < self.spec.train.steps:
                     # the next stage needs another number of ranks: place it and go on
                     plan = ResumePlan(step=result.final_step, replay=[])
-                    self._next_stage(result.final_step)
                     continue
                 return self._succeeded(result)
             except Cancelled:
@@ -179,30 +178,25 @@ class JobDriver:
                 msg = f"driver error: {type(e).__name__}: {e}"
                 return self._failed(_first_line(msg), detail=msg + "\n" + traceback.format_exc())
 
-    def _next_stage(self, step: int) -> None:
-        stage = self.spec.stage_at(step)
-        self.reporter.state(
-            JobState.PLACING,
-            f"stage {stage.index + 1}/{len(self.spec.stage_plan())} ({stage.name}) from step "
-            f"{step}: placing {stage.spec.parallel.world_size} rank(s)",
-            metadata={"stage": stage.index},
-        )
-
     def _reserve(self, step: int, resume_step: int | None) -> RankGroup:
         """The group for the stage that runs after `step` (the whole job without stages)."""
         stage = self.spec.stage_at(step)
         if self.gpu is None:
             self.gpu = wants_gpus(self.spec, alive_node_resources())
         attempt_name = f"rt-{self.env.job_id}-d{self.env.attempt}-r{self.restarts}"
+        which = ""
         if self.spec.stages:
             attempt_name += f"-s{stage.index}"
+            which = (
+                f"stage {stage.index + 1}/{len(self.spec.stages)} ({stage.name}) from step {step}: "
+            )
         return reserve(
             stage.spec,
             name=attempt_name,
             timeout_s=self.env.placement_timeout_s,
             gpu=self.gpu,
             on_waiting=lambda reason: self.reporter.state(
-                JobState.PLACING, reason, resume_step=resume_step
+                JobState.PLACING, which + reason, resume_step=resume_step
             ),
             cancelled=self.cancelled,
             actor_start_timeout_s=self.timing.actor_start_timeout_s,
