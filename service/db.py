@@ -2,7 +2,10 @@
 upgrades.
 
 Upgrading is an explicit step (`ringtrain db upgrade`, which `serve` and `demo` run before the app
-starts); building the app only checks that the schema is current and says how to fix it when not.
+starts); building the app only checks that this release can run on the schema and says how to fix
+it when not. A schema newer than this release is accepted within the window its last upgrade
+recorded (`schema_compat`; expand-then-contract, see service/migrations/env.py): a rollback starts,
+and its upgrade step changes nothing.
 
 PostgreSQL connections carry the client settings of `service.settings.DatabaseClient`: a connect
 timeout and TCP keepalives (libpq parameters, in the engine's URL, so a DSN rendered from it has
@@ -15,22 +18,43 @@ upgrade holds a transaction-level advisory lock, and its DDL waits for table loc
 
 from __future__ import annotations
 
+import logging
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    String,
+    Table,
+    create_engine,
+    delete,
+    event,
+    insert,
+    inspect,
+    select,
+    text,
+)
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from service.models import Base
 from service.settings import DatabaseClient
 from service.store.errors import lock_wait_over
 
+log = logging.getLogger("ringtrain.db")
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # pg_advisory_xact_lock key of schema upgrades: "ringtrai" in ASCII
 MIGRATION_LOCK = 0x72696E6774726169
@@ -104,9 +128,9 @@ def listen_dsn(url: str, client: DatabaseClient | None = None) -> str:
     return make_conninfo(dsn, **{k: v for k, v in connect_args.items() if k == "options"})
 
 
-def alembic_config(engine: Engine | None = None) -> Config:
+def alembic_config(engine: Engine | None = None, migrations: Path = MIGRATIONS) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("script_location", str(migrations))
     if engine is not None:
         cfg.set_main_option(
             "sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%")
@@ -115,7 +139,7 @@ def alembic_config(engine: Engine | None = None) -> Config:
 
 
 class MigrationLocked(RuntimeError):
-    """Another upgrade held the migration lock longer than this one would wait."""
+    """An upgrade waited longer than it would for a lock: another upgrade's, or a table's."""
 
 
 def migrate(
@@ -123,18 +147,33 @@ def migrate(
     *,
     lock_wait_s: float = MIGRATION_LOCK_WAIT_S,
     ddl_lock_timeout_s: float = MIGRATION_DDL_LOCK_TIMEOUT_S,
+    migrations: Path = MIGRATIONS,
 ) -> None:
-    """Bring the schema to the newest revision (idempotent), in one transaction. On PostgreSQL it
-    first takes the migration lock (waiting up to `lock_wait_s` for another upgrade, which then
-    leaves nothing to do), and each DDL statement waits at most `ddl_lock_timeout_s` for its table:
-    an upgrade that cannot get a table fails instead of queueing every query behind it."""
-    cfg = alembic_config(engine)
+    """Bring the schema to the newest revision of `migrations` (idempotent), in one transaction;
+    leave a newer one this release can run on as it is (SchemaTooNew beyond that window). On
+    PostgreSQL it first takes the migration lock (waiting up to `lock_wait_s` for another upgrade,
+    which then leaves nothing to do), and each DDL statement waits at most `ddl_lock_timeout_s`
+    for its table: an upgrade that cannot get one fails instead of queueing every query behind
+    it."""
+    cfg = alembic_config(engine, migrations)
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             take_migration_lock(conn, lock_wait_s)
             conn.execute(text(f"SET LOCAL lock_timeout = '{round(ddl_lock_timeout_s * 1000)}ms'"))
+        if schema_state(conn, migrations) == "ahead":  # a newer release upgraded it
+            log.warning("the database schema is newer than this release's: not upgrading it")
+            return
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+        try:
+            command.upgrade(cfg, "head")
+        except DBAPIError as e:
+            if not lock_wait_over(e):
+                raise
+            raise MigrationLocked(
+                f"a table the upgrade changes stayed locked for over {ddl_lock_timeout_s:g} s "
+                "(a long transaction on it); nothing was changed: run `ringtrain db upgrade` "
+                "again once it ends"
+            ) from e
 
 
 def take_migration_lock(conn: Connection, wait_s: float) -> None:
@@ -152,7 +191,9 @@ def take_migration_lock(conn: Connection, wait_s: float) -> None:
 
 
 def upgrade(url: str) -> str:
-    """`ringtrain db upgrade`: the database at `url` brought to the newest revision; returns it."""
+    """`ringtrain db upgrade`: the database at `url` brought to the newest revision; returns the
+    revision it is at (a newer one than this release's head when it was ahead, within the
+    window)."""
     engine = make_engine(url)
     try:
         migrate(engine)
@@ -172,16 +213,131 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+# ---- compatibility with newer schemas (the rules: service/migrations/env.py) -------------------
+SCHEMA_COMPAT = Table(  # made by migration 0006; only ever grows (older releases read it)
+    "schema_compat",
+    Base.metadata,
+    Column("id", Integer, primary_key=True),
+    Column("revision", String(64), nullable=False),
+    Column("compatible_since", String(64), nullable=False),
+    Column("written_by", String(64), nullable=False),
+    Column("written_at", Float, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class Compatibility:
+    """What the last upgrade recorded: the schema's revision, the oldest revision whose code runs
+    on it, and the ringtrain release that wrote it."""
+
+    revision: str
+    compatible_since: str
+    written_by: str
+
+
+def release() -> str:
+    """This ringtrain's version (what `schema_compat.written_by` records)."""
+    try:
+        return version("ringtrain")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def compatible_since(script: ScriptDirectory, revision: str) -> str:
+    """The `compatible_since` a migration declares (every migration declares one)."""
+    found = script.get_revision(revision)
+    since = getattr(found.module, "compatible_since", None) if found is not None else None
+    if not isinstance(since, str):
+        raise RuntimeError(
+            f"migration {revision} declares no compatible_since (see service/migrations/env.py)"
+        )
+    return since
+
+
+def record_compatibility(conn: Connection, script: ScriptDirectory) -> None:
+    """Store the current revision's compatibility in `schema_compat` (once that table exists):
+    run by service/migrations/env.py after every migration run, in its transaction."""
+    if not inspect(conn).has_table(SCHEMA_COMPAT.name):
+        return
+    revision = MigrationContext.configure(conn).get_current_revision()
+    conn.execute(delete(SCHEMA_COMPAT))
+    if revision is None:
+        return
+    since = compatible_since(script, revision)
+    row = dict(revision=revision, compatible_since=since, written_by=release())
+    conn.execute(insert(SCHEMA_COMPAT).values(id=1, written_at=time.time(), **row))
+
+
+def recorded_compatibility(conn: Connection) -> Compatibility | None:
+    if not inspect(conn).has_table(SCHEMA_COMPAT.name):
+        return None
+    c = SCHEMA_COMPAT.c
+    q = select(c.revision, c.compatible_since, c.written_by).where(c.id == 1)
+    row = conn.execute(q).first()
+    return None if row is None else Compatibility(row[0], row[1], row[2])
+
+
 class SchemaOutdated(RuntimeError):
     """The database is not at the newest revision: the app would fail on its first query."""
 
 
+class SchemaTooNew(RuntimeError):
+    """The database is at a revision newer than this release, outside the window in which this
+    release still runs on it."""
+
+
+SchemaState = Literal["current", "behind", "ahead"]
+
+
+def schema_state(conn: Connection, migrations: Path = MIGRATIONS) -> SchemaState:
+    """Where the database's schema stands for the release with `migrations`: at its head, behind
+    it (an upgrade brings it there), or ahead of it within the recorded window (this release runs
+    on it as it is). Raises SchemaTooNew, naming the release needed, when it is ahead beyond the
+    window."""
+    script = ScriptDirectory.from_config(alembic_config(migrations=migrations))
+    have = MigrationContext.configure(conn).get_current_revision()
+    head = script.get_current_head()
+    if have == head:
+        return "current"
+    known = {s.revision for s in script.walk_revisions()}
+    if have is None or have in known:
+        return "behind"
+    compat = recorded_compatibility(conn)
+    if compat is not None and compat.revision == have and compat.compatible_since in known:
+        return "ahead"
+    where = conn.engine.url.render_as_string(hide_password=True)
+    this = f"this release (ringtrain {release()}) has schema revisions up to {head} only"
+    if compat is None or compat.revision != have:
+        raise SchemaTooNew(
+            f"the database {where} is at schema revision {have}, newer than this release knows, "
+            f"and records no older release that can run on it; {this}: run the release that "
+            "upgraded it, or a newer one"
+        )
+    raise SchemaTooNew(
+        f"the database {where} is at schema revision {have}, written by ringtrain "
+        f"{compat.written_by}, which releases from schema revision {compat.compatible_since} on "
+        f"can run on; {this}: run ringtrain {compat.written_by} (or a release whose migrations "
+        f"include {compat.compatible_since})"
+    )
+
+
 def require_current(engine: Engine) -> None:
-    """Raise SchemaOutdated, naming the command that fixes it, unless the schema is at the head."""
-    have, want = current_revision(engine), head_revision()
-    if have != want:
+    """Raise unless this release can run on the schema: SchemaOutdated, naming the command that
+    fixes it, when the schema is behind; SchemaTooNew when it is ahead beyond the window. A newer
+    schema within the window is accepted (a rollback, or an old replica during a rollout)."""
+    with engine.connect() as conn:
+        state = schema_state(conn)
+        have = MigrationContext.configure(conn).get_current_revision()
+    if state == "behind":
         where = engine.url.render_as_string(hide_password=True)
         raise SchemaOutdated(
-            f"the database {where} is at schema revision {have or '(none)'}, not {want}: "
-            f"run `ringtrain db upgrade --database-url ...` first"
+            f"the database {where} is at schema revision {have or '(none)'}, not "
+            f"{head_revision()}: run `ringtrain db upgrade --database-url ...` first"
+        )
+    if state == "ahead":
+        log.warning(
+            "the database schema is at %s, newer than this release's %s, which it declares it "
+            "can run on (a rollback or a rollout in progress)",
+            have,
+            head_revision(),
         )

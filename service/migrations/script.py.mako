@@ -13,6 +13,10 @@ revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
 branch_labels = ${repr(branch_labels)}
 depends_on = ${repr(depends_on)}
+# The oldest revision whose code runs on the schema this leaves (service/migrations/env.py): an
+# expand copies its parent's compatible_since, a contract names the first revision that no longer
+# needs what it removes.
+compatible_since = ${repr(up_revision)}
 
 
 def upgrade() -> None:

@@ -11,6 +11,8 @@ from alembic import op
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
+# written before the expand-then-contract rule: only its own code runs on it
+compatible_since = "0002"
 depends_on = None
 
 

@@ -11,6 +11,8 @@ from alembic import op
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
+# written before the expand-then-contract rule: only its own code runs on it
+compatible_since = "0003"
 depends_on = None
 
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")

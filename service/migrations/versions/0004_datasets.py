@@ -12,6 +12,8 @@ from alembic import op
 revision = "0004_datasets"
 down_revision = "0003"
 branch_labels = None
+# written before the expand-then-contract rule: only its own code runs on it
+compatible_since = "0004_datasets"
 depends_on = None
 
 

@@ -11,6 +11,8 @@ from alembic import op
 revision = "0005_leader_lease"
 down_revision = "0004_datasets"
 branch_labels = None
+# written before the expand-then-contract rule: only its own code runs on it
+compatible_since = "0005_leader_lease"
 depends_on = None
 
 
