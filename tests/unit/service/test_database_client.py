@@ -107,6 +107,11 @@ def test_the_settings_are_in_effect_on_the_pool_and_the_listen_connection(
         assert shown(listen) == SHOWN
         assert socket_keepalive(listen.pgconn.socket) == (1, 7, 2, 5)
         listen.execute("LISTEN ringtrain_events")
+    # a DSN rendered from the engine's URL (how api.app builds the relay's) keeps the libpq part
+    rendered = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(rendered, autocommit=True, connect_timeout=5) as relay:
+        assert socket_keepalive(relay.pgconn.socket) == (1, 7, 2, 5)
+        assert relay.execute("SHOW lock_timeout").fetchone() == ("0",)  # options: listen_dsn only
 
 
 def test_the_apps_engine_takes_them_from_the_environment(
