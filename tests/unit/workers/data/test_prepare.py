@@ -104,6 +104,13 @@ def prep(request: pytest.FixtureRequest) -> Prep:
     return Prep(request.getfixturevalue("ray_head") if request.param == "ray" else None)
 
 
+@pytest.fixture
+def local() -> Prep:
+    """In process only: rules decided outside the Ray tasks (re-prepare, reuse of unchanged files,
+    which errors stop a run), or checked once on Ray by `test_cli_data_prepare_runs_on_ray`."""
+    return Prep(None)
+
+
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -169,8 +176,9 @@ def test_bytes_text_corpus_in_sorted_order_with_counts(
 
 
 def test_hf_text_is_the_tokenizers_own_encoding_and_reprepare_is_a_noop(
-    prep: Prep, corpus: Path, tmp_path: Path
+    local: Prep, corpus: Path, tmp_path: Path
 ) -> None:
+    prep = local
     tok_dir = write_tokenizer(tmp_path / "tok", None)
     out = tmp_path / "ds"
     first = prep.ok(corpus, "--tokenizer", tok_dir, "--out", out)
@@ -247,7 +255,8 @@ def test_many_chunks_equal_one_chunk(tmp_path: Path) -> None:
         assert c.first_line == data[: c.start].count(b"\n") + 1
 
 
-def test_bad_input_names_file_and_line_and_leaves_nothing(prep: Prep, tmp_path: Path) -> None:
+def test_bad_input_names_file_and_line_and_leaves_nothing(local: Prep, tmp_path: Path) -> None:
+    prep = local
     tok_dir = write_tokenizer(tmp_path / "tok", GENERATION_TEMPLATE)
     plain_dir = write_tokenizer(tmp_path / "plain", None)
     src = tmp_path / "src"
@@ -335,12 +344,16 @@ def test_cli_data_prepare_has_the_modules_arguments() -> None:
 @pytest.mark.slow
 @pytest.mark.ray
 def test_cli_data_prepare_runs_on_ray(ray_head: RayHead, tmp_path: Path) -> None:
-    src = write_jsonl(tmp_path / "a.jsonl", [{"body": "hello"}, {"body": "world"}])
+    """The CLI on Ray: a Hugging Face tokenizer's own encoding from the Ray tasks (they load it
+    from its directory), and a bad line named by file and line through them."""
+    tok_dir = write_tokenizer(tmp_path / "tok", None)
+    texts = ["hello there", "world, é and ü", "a third document\nwith two lines"]
+    src = write_jsonl(tmp_path / "a.jsonl", [{"body": t} for t in texts])
     env = {**os.environ, **ray_head.client_env(), "PYTHONPATH": str(ROOT)}
     args = [
         str(src),
         "--tokenizer",
-        "bytes",
+        str(tok_dir),
         "--out",
         str(tmp_path / "ds"),
         "--text-field",
@@ -360,8 +373,21 @@ def test_cli_data_prepare_runs_on_ray(ray_head: RayHead, tmp_path: Path) -> None
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout[done.stdout.index("{") :])
-    assert summary["documents"] == 2 and summary["tokens"] == 12
-    np.testing.assert_array_equal(open_dataset(tmp_path / "ds")[1]["tokens"], [*b"world", 0])
+    tok = hf(tok_dir)
+    want = [tok(t)["input_ids"] + [tok.eos_token_id] for t in texts]
+    assert summary["documents"] == 3 and summary["tokens"] == sum(map(len, want))
+    ds = open_dataset(tmp_path / "ds")
+    for i, w in enumerate(want):
+        np.testing.assert_array_equal(ds[i]["tokens"], w)
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"body": "ok"}) + "\n" + '{"body": "broken\n')
+    cmd[cmd.index(str(src))] = str(bad)
+    cmd[cmd.index(str(tmp_path / "ds"))] = str(tmp_path / "ds2")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    said = "".join((done.stdout + done.stderr).split())  # the terminal may wrap the message
+    assert done.returncode == 1 and "".join(f"{bad}:2: not a JSON object".split()) in said, said
+    assert not (tmp_path / "ds2").exists()
 
 
 def test_identical_files_share_shards_and_count_twice(tmp_path: Path) -> None:
