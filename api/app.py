@@ -39,7 +39,7 @@ from api.routers import (
 from api.security import SecurityHeadersMiddleware
 from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
-from service.db import make_engine, require_current
+from service.db import listen_dsn, make_engine, require_current
 from service.hub import Hub, Relay
 from service.launcher import ClusterInfo, DriverInfo, Launcher, LaunchRequest
 from service.leader import Leadership, new_replica_id, refuse_second_sqlite_replica
@@ -100,7 +100,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     settings = settings or Settings()
     setup_logging(settings.log_level)
     tokens = ensure_tokens(settings)
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, settings.db)
     try:
         require_current(engine)  # upgrading is its own step: `ringtrain db upgrade`
     except Exception:
@@ -151,8 +151,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
 
     relay = None
     if not store.db.is_sqlite:
-        dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        relay = Relay(dsn, replica, remote_events)
+        relay = Relay(listen_dsn(settings.database_url, settings.db), replica, remote_events)
     # every consumer of committed job events, in one place
     bus.listen("sse", hub.publish)
     if relay is not None:
