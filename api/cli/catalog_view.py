@@ -5,36 +5,19 @@ from __future__ import annotations
 
 import re
 
+from api.cli import units
 from api.client import ApiError, Client
 from api.routers.metrics import MetricCatalog, MetricInfo
 from api.schemas import LatestMetric
 
-SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
-BINARY = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
 SELF_UNIT = ("si", "bytes", "seconds", "percent")  # formats whose text already carries the unit
 
 
 def format_value(info: MetricInfo | None, value: float | None) -> str:
-    """One value as the catalog's format says (the dashboard's `metrics.js` writes the same)."""
-    if value is None or value != value:  # None or NaN (the store keeps non-finite values as null)
-        return "nan"
-    fmt, digits = (info.format, info.digits) if info is not None else ("num", 4)
-    if fmt == "fixed":
-        return f"{value:.{digits}f}"
-    if fmt == "exp":
-        return f"{value:.{digits}e}"
-    if fmt == "percent":
-        return f"{value * 100:.1f}".removesuffix(".0") + "%"
-    if fmt == "seconds":
-        return f"{value * 1000:.3g} ms" if abs(value) < 1 else f"{value:.3g} s"
-    if fmt in ("si", "bytes"):
-        steps = SI if fmt == "si" else BINARY
-        for size, suffix in steps:
-            if abs(value) >= size:
-                text = f"{value / size:.2f}".rstrip("0").rstrip(".")
-                return f"{text}{suffix}" if fmt == "si" else f"{text} {suffix}"
-        return f"{value:.3g}" if fmt == "si" else f"{value:.0f} B"
-    return f"{value:.{digits}g}"
+    """One value as the catalog's unit or format says (units.py: the dashboard writes the same)."""
+    if info is None:
+        return units.format_value("", "num", 4, value)
+    return units.format_value(info.unit, info.format, info.digits, value)
 
 
 class MetricCatalogView:

@@ -2,13 +2,18 @@
 // the metric is per rank, or per member of a catalog family). Initial data comes downsampled from
 // the server; live points are appended in place and redrawn at most every DRAW_MS. Drag to zoom,
 // double-click or "Reset" to reset; keyboard: + − ← → 0.
+// The y axis is the metric's unit (units.js: tick labels, a range that holds a flat series); a
+// point that stands alone gets a marker; a NaN or inf value (stored as null) is a gap in its line
+// and counted in the caption.
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { naturalCompare } from "./metrics.js";
+import { PLAIN, showMarkers, STEP_INCRS, stepRange } from "./units.js";
 import { cssVar, h, PALETTE } from "./util.js";
 
 const DRAW_MS = 250;
 const HEIGHT = 220;
 export const timings = (window.__ringtrain ||= { renders: [], snapshots: [] });
+const finite = (v) => typeof v === "number" && Number.isFinite(v);
 
 function lowerBound(xs, x) {
   let lo = 0, hi = xs.length;
@@ -16,26 +21,49 @@ function lowerBound(xs, x) {
   return lo;
 }
 
-/** Axis labels: the chart's own format, with more digits where it would print two ticks the same. */
-export function tickLabels(splits, fmt) {
-  let labels = splits.map((v) => (v === null ? "" : fmt(v)));
-  for (let d = 2; d <= 8 && new Set(labels).size < labels.length; d++) {
-    labels = splits.map((v) => {
-      if (v === null) return "";
-      const a = Math.abs(v);
-      return a !== 0 && (a < 1e-3 || a >= 1e6) ? v.toExponential(d) : String(+v.toPrecision(d + 1));
-    });
-  }
-  return labels;
+/** The axes, scales and size of a chart's y axis in `unit` (units.js), and its x axis of steps. */
+export function unitAxes(unit, axis) {
+  return {
+    scales: {
+      x: { time: false, range: stepRange },
+      y: { range: (u, lo, hi) => unit.axisRange(lo, hi) },
+    },
+    axes: [{ ...axis, incrs: STEP_INCRS }, {
+      ...axis, incrs: unit.incrs,
+      values: (u, splits) => {
+        const { min, max } = u.scales.y;
+        return unit.ticks(splits, Math.max(Math.abs(min), Math.abs(max)));
+      },
+      size: (u, values) => 18 + 7 * Math.max(3, ...(values || []).map((v) => String(v).length)),
+    }],
+  };
+}
+
+/** What a uPlot chart drew, on its figure's dataset: tick labels (uPlot keeps the last ones in
+ * `axes[i]._values`), y range, which series have markers; the canvas holds only pixels. */
+export function noteDrawn(u, fig) {
+  const [i0, i1] = u.series[0].idxs || [null, null];
+  const d = fig.dataset;
+  d.xTicks = JSON.stringify(u.axes[0]._values || []);
+  d.yTicks = JSON.stringify(u.axes[1]._values || []);
+  d.yRange = JSON.stringify([u.scales.y.min, u.scales.y.max]);
+  const marked = u.series.slice(1).map((s, i) => Boolean(s.points.show(u, i + 1, i0, i1)));
+  d.markers = JSON.stringify(marked);
+  d.drawn = "1";
 }
 
 export class LiveChart {
   /**
    * @param {HTMLElement} parent where the <figure> goes
-   * @param {{id: string, title: string, fmt: (v:number)=>string, perRank?: boolean}} opts
+   * @param {{id: string, title: string, unit?: object, fmt?: (v:number)=>string}} opts `unit`:
+   *   units.js's (values, ticks, range); `fmt` alone: values so written on a plain axis
    */
   constructor(parent, opts) {
     this.opts = opts;
+    const fmt = opts.fmt;  // writes finite values only: the plain unit writes the others
+    const written = fmt && ((v) => (finite(v) ? fmt(v) : PLAIN.value(v)));
+    this.unit = opts.unit || (fmt ? { ...PLAIN, value: written } : PLAIN);
+    this.bad = new Set(); // "key|step" of the points that were not finite (NaN, inf: stored null)
     this.xs = [];
     this.keys = []; // series keys: "" (one global series), "rank N", or a family member's label
     this.ys = new Map();
@@ -51,7 +79,9 @@ export class LiveChart {
     this.fig = h("figure.chart", {
       id: `chart-${opts.id}`, tabindex: 0, dataset: { metric: opts.id },
       "aria-label": `${opts.title} chart. Drag or press + and − to zoom, arrow keys to pan, 0 to reset.`,
-    }, h("figcaption", {}, opts.title, h("span.hint.count", {}, ""), this.reset), this.plot, this.empty);
+    }, h("figcaption", {}, opts.title, unitHint(this.unit, opts.title),
+      h("span.hint.count", {}, ""), this.reset), this.plot, this.empty);
+    this.fig.liveChart = this; // the chart behind a figure (the browser tests read its canvas)
     this.count = this.fig.querySelector(".count");
     this.fig.addEventListener("keydown", (e) => this.onKey(e));
     parent.append(this.fig);
@@ -78,25 +108,30 @@ export class LiveChart {
     const keyed = seriesList.map((s) => ({ key: this.key(s.rank, s.label), s }));
     keyed.sort((a, b) => LiveChart.order(a.key, b.key));
     this.keys = keyed.map((x) => x.key);
-    const sorted = keyed.map((x) => x.s);
+    this.bad = new Set(keyed.flatMap(({ key, s }) =>
+      s.step.filter((_, i) => !finite(s.value[i])).map((st) => `${key}|${st}`)));
+    const sorted = keyed.map(({ s }) =>
+      ({ step: s.step, value: s.value.map((v) => (finite(v) ? v : null)) }));
     if (sorted.length === 1) {
       this.xs = sorted[0].step.slice();
       this.ys = new Map([[this.keys[0], sorted[0].value.slice()]]);
     } else if (sorted.length > 1) {
       const joined = uPlot.join(sorted.map((s) => [s.step, s.value]));
       this.xs = Array.from(joined[0]);
-      this.ys = new Map(this.keys.map((k, i) => [k, Array.from(joined[i + 1], (v) => (v === undefined ? null : v))]));
+      this.ys = new Map(this.keys.map((k, i) => [k, Array.from(joined[i + 1])]));
     }
     this.keysChanged = true;
     this.draw();
   }
 
   /** Append (or overwrite) one point; cheap for increasing steps. `label`: a family member. */
-  push(step, rank, value, label) {
+  push(step, rank, raw, label) {
     const k = this.key(rank, label);
+    const value = finite(raw) ? raw : null;
+    if (value === null) this.bad.add(`${k}|${step}`); else this.bad.delete(`${k}|${step}`);
     let ys = this.ys.get(k);
     if (!ys) {
-      ys = new Array(this.xs.length).fill(null);
+      ys = new Array(this.xs.length).fill(undefined);
       this.ys.set(k, ys);
       this.keys.push(k);
       this.keys.sort(LiveChart.order);
@@ -105,13 +140,13 @@ export class LiveChart {
     const n = this.xs.length;
     if (n === 0 || step > this.xs[n - 1]) {
       this.xs.push(step);
-      for (const arr of this.ys.values()) arr.push(null);
+      for (const arr of this.ys.values()) arr.push(undefined);
       ys[n] = value;
     } else {
       const i = lowerBound(this.xs, step);
       if (this.xs[i] !== step) {
         this.xs.splice(i, 0, step);
-        for (const arr of this.ys.values()) arr.splice(i, 0, null);
+        for (const arr of this.ys.values()) arr.splice(i, 0, undefined);
       }
       ys[i] = value;
     }
@@ -124,6 +159,9 @@ export class LiveChart {
     if (i >= this.xs.length) return;
     this.xs.length = i;
     for (const arr of this.ys.values()) arr.length = i;
+    for (const b of [...this.bad]) {
+      if (Number(b.slice(b.lastIndexOf("|") + 1)) > step) this.bad.delete(b);
+    }
     this.schedule();
   }
 
@@ -142,11 +180,19 @@ export class LiveChart {
     this.dirty = false;
     this.lastDraw = performance.now();
     const n = this.xs.length;
-    this.empty.hidden = n > 0;
-    this.plot.hidden = n === 0;
+    // points, but none finite (NaN or inf only): nothing to draw, and the page says why
+    const drawable = n > 0 && [...this.ys.values()].some((ys) => ys.some((v) => v != null));
+    this.empty.hidden = drawable;
+    this.empty.textContent = n ? "No finite values (NaN or inf) to draw" : "No points yet";
+    this.plot.hidden = !drawable;
     this.fig.dataset.points = String(n);
-    this.count.textContent = n ? `${n.toLocaleString("en-US")} pts` : "";
-    if (n === 0) return;
+    this.fig.dataset.nonFinite = String(this.bad.size);
+    this.count.textContent = n ? `${n.toLocaleString("en-US")} pts` +
+      (this.bad.size ? `, ${this.bad.size.toLocaleString("en-US")} not finite` : "") : "";
+    if (!drawable) {
+      if (this.u) { this.u.destroy(); this.u = null; }
+      return;
+    }
     if (!this.u || this.keysChanged) { this.rebuild(); return; }
     this.drawStart = performance.now();
     this.u.setData(this.data(), !this.userZoom);
@@ -156,31 +202,29 @@ export class LiveChart {
     if (this.u) { this.u.destroy(); this.u = null; }
     this.keysChanged = false;
     if (!this.xs.length) return;
-    const fmt = this.opts.fmt;
+    const unit = this.unit;
     const axis = { stroke: cssVar("--muted"), grid: { stroke: cssVar("--grid"), width: 1 },
       ticks: { stroke: cssVar("--grid"), width: 1 } };
     const multi = this.keys.length > 1 || this.keys[0] !== "";
-    const series = [{ label: "step" }, ...this.keys.map((k, i) => ({
-      label: k || this.opts.title,
-      stroke: multi ? PALETTE[i % PALETTE.length] : cssVar("--accent"),
-      width: 1.5, spanGaps: true, points: { show: false },
-      value: (u, v) => (v === null || v === undefined ? "—" : fmt(v)),
-    }))];
+    // a gap where a value was not finite (null); steps a series lacks (undefined) are spanned
+    const series = [{ label: "step" }, ...this.keys.map((k, i) => {
+      const stroke = multi ? PALETTE[i % PALETTE.length] : cssVar("--accent");
+      return { label: k || this.opts.title, stroke, width: 1.5,
+        points: { show: showMarkers, size: 7, fill: stroke }, value: (u, v) => unit.value(v) };
+    })];
     const t0 = performance.now();
     this.drawStart = t0;
     let measured = false;
     const points = this.xs.length;
     const opts = {
-      width: this.width(), height: HEIGHT, series,
-      scales: { x: { time: false } },
-      axes: [{ ...axis }, { ...axis, values: (u, splits) => tickLabels(splits, fmt),
-        size: (u, values) => 18 + 7 * Math.max(3, ...(values || []).map((v) => String(v).length)) }],
+      width: this.width(), height: HEIGHT, series, ...unitAxes(unit, axis),
       cursor: { drag: { x: true, y: false, setScale: true } },
       legend: { live: true },
       hooks: {
         setSelect: [(u) => { if (u.select.width > 2) this.userZoom = true; }],
-        draw: [() => {
+        draw: [(u) => {
           this.lastDrawMs = performance.now() - this.drawStart;
+          noteDrawn(u, this.fig);
           if (measured) return;
           measured = true;
           timings.renders.push({ chart: this.opts.id, points, series: this.keys.length, ms: performance.now() - t0 });
@@ -218,4 +262,12 @@ export class LiveChart {
     this.mq.removeEventListener("change", this.onScheme);
     if (this.u) this.u.destroy();
   }
+}
+
+/** The unit beside a chart's title, where neither its values nor its title name it (nats/token;
+ * not "tokens/s" beside "Tokens / s"); null where they do. */
+export function unitHint(unit, title) {
+  const squash = (t) => t.toLowerCase().replace(/\s+/g, "");
+  if (!unit.text || unit.written || squash(title).includes(squash(unit.text))) return null;
+  return h("span.hint.unit", {}, unit.text);
 }

@@ -3,8 +3,9 @@
 // the server, as the job page loads it). Per-rank metrics are shown as their mean over ranks at each step.
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { api } from "./api.js";
-import { tickLabels } from "./charts.js";
+import { unitAxes } from "./charts.js";
 import { Catalog, loadCatalog, naturalCompare } from "./metrics.js";
+import { PLAIN, showMarkers } from "./units.js";
 import { cssVar, fmtNum, h, PALETTE, stateBadge } from "./util.js";
 
 const MAX_JOBS = PALETTE.length;
@@ -148,16 +149,13 @@ export function mountCompare(root, query) {
     const data = uPlot.join(lines.map(([x, y]) => [x, y]));
     const axis = { stroke: cssVar("--muted"), grid: { stroke: cssVar("--grid"), width: 1 },
       ticks: { stroke: cssVar("--grid"), width: 1 } };
-    const fmt = (v) => fmtNum(v);
+    const unit = catalog.lookup(metric)?.metric.unitFormat || PLAIN; // its unit (units.js)
     u = new uPlot({
-      width: width(), height: HEIGHT,
-      scales: { x: { time: false } },
+      width: width(), height: HEIGHT, ...unitAxes(unit, axis),
       series: [{ label: "step" }, ...shown.map((s, i) => ({
         label: `${s.job.name} (${s.job.id})`, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true,
-        points: { show: false }, value: (_, v) => (v === null || v === undefined ? "—" : fmt(v)),
+        points: { show: showMarkers, size: 6 }, value: (_, v) => unit.value(v),
       }))],
-      axes: [{ ...axis }, { ...axis, values: (_, splits) => tickLabels(splits, fmt),
-        size: (_, values) => 18 + 7 * Math.max(3, ...(values || []).map((v) => String(v).length)) }],
       cursor: { drag: { x: true, y: false, setScale: true } },
       legend: { live: true },
     }, data, plot);

@@ -9,13 +9,15 @@ import { api, ApiError, followEvents } from "./api.js";
 import { mountArtifacts } from "./artifacts.js";
 import { LiveChart, timings } from "./charts.js";
 import { renderGrid } from "./grid.js";
-import { Catalog, loadCatalog, naturalCompare } from "./metrics.js";
+import { Catalog, familyOf, loadCatalog, naturalCompare } from "./metrics.js";
 import { ProfileChart } from "./profile.js";
 import { renderRing } from "./ring.js";
-import { age, clock, fmtNum, fmtSeconds, h, progress, stateBadge, TERMINAL } from "./util.js";
+import { PLAIN } from "./units.js";
+import { age, clock, fmtSeconds, h, progress, stateBadge, TERMINAL } from "./util.js";
 
 const LOG_TAIL = 500;
-const MAX_OTHER_CHARTS = 24; // names the catalog lacks: one plain chart each, up to this many
+// names the catalog lacks: a plain chart each (one per family, `ruler/len={len}`), up to this many
+const MAX_OTHER_CHARTS = 24;
 // the two per-rank figures the ring view draws (catalog names)
 const RING_MEMORY = "mem_peak_bytes";
 const RING_STEP_TIME = "step_time_s";
@@ -45,6 +47,8 @@ export function mountJob(root, jobId) {
   const chartsGrid = h("div.charts");
   const ringBox = h("div#ring");
   const gridsBox = h("div#grids");
+  const gridsPanel = h("section.panel", { "aria-labelledby": "grids-h", hidden: true },
+    h("h2#grids-h", {}, "Evaluation grids"), gridsBox); // shown once the job has a grid's member
   const statsBox = h("dl#metric-stats.stats", { hidden: true });
   const noMetrics = h("p.muted#metrics-empty", {}, "No metric points yet.");
   const timeline = h("ol.timeline#timeline");
@@ -61,8 +65,7 @@ export function mountJob(root, jobId) {
     h("div.two", {},
       h("section.panel", { "aria-labelledby": "ring-h" }, h("h2#ring-h", {}, "Ring"), ringBox),
       h("div", {},
-        h("section.panel", { "aria-labelledby": "grids-h" },
-          h("h2#grids-h", {}, "Evaluation grids"), gridsBox),
+        gridsPanel,
         h("section.panel", { "aria-labelledby": "timeline-h" }, h("h2#timeline-h", {}, "State timeline"), timeline))),
     h("section.panel", { "aria-labelledby": "model-h" }, h("h2#model-h", {}, "Model"), modelBox),
     h("section.panel", { "aria-labelledby": "logs-h" },
@@ -157,8 +160,8 @@ export function mountJob(root, jobId) {
   const renderGridsSoon = throttled(() => {
     const shown = [...grids.values()].filter((g) => g.cells.size);
     shown.sort((a, b) => a.metric.order - b.metric.order);
-    gridsBox.replaceChildren(...(shown.length ? shown.map((g) => renderGrid(g.metric, g.cells))
-      : [h("p.muted", {}, "No evaluation grid yet (it runs at the evaluation interval).")]));
+    gridsPanel.hidden = !shown.length;
+    gridsBox.replaceChildren(...shown.map((g) => renderGrid(g.metric, g.cells)));
   }, 500);
   const renderProfilesSoon = throttled(() => { for (const p of profiles.values()) p.draw(); }, 300);
   const renderStatsSoon = throttled(() => {
@@ -205,20 +208,22 @@ export function mountJob(root, jobId) {
   function chartOf(name) {
     const hit = catalog.lookup(name);
     if (hit && hit.metric.view !== "line") return null;
-    const key = hit ? hit.metric.key : `other:${name}`;
+    const family = hit ? null : familyOf(name);  // a name the catalog lacks: its own family, if any
+    const id = family ? family.pattern : name;
+    const key = hit ? hit.metric.key : `other:${id}`;
     let chart = charts.get(key);
     if (!chart) {
       const group = hit ? hit.metric.group : "other";
       if (!hit && ++otherCharts > MAX_OTHER_CHARTS) return null;
       const slot = (hit && slots.get(key)) || slots.get(`group:${group}`) || chartsGrid;
       chart = new LiveChart(slot, hit
-        ? { id: key, title: hit.metric.title, fmt: hit.metric.fmt }
-        : { id: name, title: name, fmt: (v) => fmtNum(v) });
+        ? { id: key, title: hit.metric.title, unit: hit.metric.unitFormat }
+        : { id, title: id, unit: PLAIN });
       charts.set(key, chart);
       groupHeads.get(group)?.removeAttribute("hidden");
       noMetrics.hidden = true;
     }
-    return { chart, label: hit?.label || null };
+    return { chart, label: hit?.label || family?.label || null };
   }
 
   function renderTimeline() {

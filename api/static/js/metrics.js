@@ -3,7 +3,7 @@
 // values are written. The job page, the jobs list and the evaluation grids draw from it, so the
 // dashboard's code names no metric (but the two the ring view draws).
 import { api } from "./api.js";
-import { fmtBytes, fmtNum, fmtSeconds, fmtSI } from "./util.js";
+import { unitOf } from "./units.js";
 
 let pending = null;
 
@@ -15,34 +15,56 @@ export function loadCatalog() {
   return pending;
 }
 
-/** Numbers by value, before other text: "len=256" before "len=1024". */
+const NUMBER = /(\d+(?:\.\d+)?)/;
+
+/**
+ * Text with numbers in it, ordered by the numbers' values: "len=256" before "len=1024", the
+ * bucket "128-256" before "1024-2048", "rank 2" before "rank 10", "0.5" before "0.75"; where a
+ * number stands against text, the number first.
+ */
 export function naturalCompare(a, b) {
-  return String(a).localeCompare(String(b), "en", { numeric: true });
+  const x = String(a).split(NUMBER), y = String(b).split(NUMBER); // odd indices: numbers
+  for (let i = 0; i < Math.min(x.length, y.length); i++) {
+    if (x[i] === y[i]) continue;
+    if (i % 2) return Number(x[i]) - Number(y[i]) || (x[i] < y[i] ? -1 : 1);
+    if (x[i] === "" || y[i] === "") return x[i] === "" ? -1 : 1;  // a number against text
+    return x[i].localeCompare(y[i], "en");
+  }
+  return x.length - y.length;
 }
 
-const DASH = "—";
-
-/** The value formatter of a catalog entry (the CLI's `format_value` writes the same). */
+/** The value formatter of a catalog entry, by its unit (units.js; the CLI writes the same). */
 export function formatter(metric) {
-  const d = metric.digits;
-  const guard = (fn) => (v) => (v === null || v === undefined || Number.isNaN(v) ? DASH : fn(v));
-  switch (metric.format) {
-    case "fixed": return guard((v) => v.toFixed(d));
-    case "exp": return guard((v) => (v === 0 ? "0" : v.toExponential(d)));
-    case "percent": return guard((v) => `${+(v * 100).toFixed(1)}%`);
-    case "seconds": return guard(fmtSeconds);
-    case "si": return guard(fmtSI);
-    case "bytes": return guard(fmtBytes);
-    default: return (v) => fmtNum(v, d);
-  }
+  return unitOf(metric).value;
+}
+
+const FIELD = /^([A-Za-z_][A-Za-z0-9_]*)=([^/]+)$/;
+
+/**
+ * A name the catalog lacks, read as a member of a family where it has `field=value` parts
+ * (`ruler/len=4096`, `ruler/vt/len=8192`): {pattern: "ruler/len={len}", label: "len=4096"}, so
+ * the members share one chart, a series each, ordered by their values. Null: no such part.
+ */
+export function familyOf(name) {
+  const labels = [];
+  const parts = name.split("/").map((part) => {
+    const hit = FIELD.exec(part);
+    if (!hit) return part;
+    labels.push(part);
+    return `${hit[1]}={${hit[1]}}`;
+  });
+  return labels.length ? { pattern: parts.join("/"), label: labels.join(" ") } : null;
 }
 
 export class Catalog {
   /** @param {{groups: {id: string, title: string}[], metrics: object[]}} body the route's answer */
   constructor(body = { groups: [], metrics: [] }) {
     this.groups = body.groups;
-    this.metrics = body.metrics.map((m, order) =>
-      ({ ...m, order, test: new RegExp(m.regex), fmt: formatter(m) }));
+    // unitFormat: the entry's values, axis ticks and axis range (units.js); fmt: its values
+    this.metrics = body.metrics.map((m, order) => {
+      const unitFormat = unitOf(m);
+      return { ...m, order, test: new RegExp(m.regex), unitFormat, fmt: unitFormat.value };
+    });
     // a name's entry is its exact one, else the first family that matches
     const exact = this.metrics.filter((m) => !m.fields.length);
     this.ordered = [...exact, ...this.metrics.filter((m) => m.fields.length)];

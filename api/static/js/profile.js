@@ -3,7 +3,7 @@
 // member, with the first evaluation's as a second series, so what changed along x is visible.
 // uPlot (vendored) as in charts.js; x is the member's index, labelled with the field's value.
 import uPlot from "../vendor/uplot/uPlot.esm.js";
-import { tickLabels } from "./charts.js";
+import { noteDrawn, unitAxes, unitHint } from "./charts.js";
 import { naturalCompare } from "./metrics.js";
 import { cssVar, h, PALETTE } from "./util.js";
 
@@ -20,7 +20,8 @@ export class ProfileChart {
     this.fig = h("figure.chart.profile", {
       id: `profile-${metric.key}`, tabindex: 0, dataset: { metric: `${metric.key}-profile` },
       "aria-label": `${metric.title} against ${this.field}, latest and first evaluation`,
-    }, h("figcaption", {}, `${metric.title}: against ${this.field}`, h("span.hint.count", {}, "")),
+    }, h("figcaption", {}, `${metric.title}: against ${this.field}`,
+      unitHint(metric.unitFormat, metric.title), h("span.hint.count", {}, "")),
     this.plot);
     this.count = this.fig.querySelector(".count");
     parent.append(this.fig);
@@ -71,7 +72,7 @@ export class ProfileChart {
     this.count.textContent = evals.length ? `step ${evals.map((e) => e.step).join(" vs ")}` : "";
     if (this.u) { this.u.destroy(); this.u = null; }
     if (!xs.length) return;
-    const fmt = this.metric.fmt;
+    const unit = this.metric.unitFormat;
     const axis = { stroke: cssVar("--muted"), grid: { stroke: cssVar("--grid"), width: 1 },
       ticks: { stroke: cssVar("--grid"), width: 1 } };
     const idx = xs.map((_, i) => i);
@@ -83,17 +84,17 @@ export class ProfileChart {
         stroke: i ? PALETTE[1] : cssVar("--accent"),
         dash: i ? [4, 4] : undefined, width: 1.5, spanGaps: true,
         points: { show: true, size: 5 },
-        value: (u, v) => (v === null || v === undefined ? "—" : fmt(v)),
+        value: (u, v) => unit.value(v),
       }))];
+    const { scales, axes: [, yAxis] } = unitAxes(unit, axis);
     this.u = new uPlot({
       width: this.width(), height: HEIGHT, series,
-      scales: { x: { time: false, range: () => [-0.5, xs.length - 0.5] } },
+      scales: { x: { time: false, range: () => [-0.5, xs.length - 0.5] }, y: scales.y },
       axes: [{ ...axis, splits: () => idx, values: (u, splits) => splits.map((i) => xs[i] ?? ""),
-        rotate: slant ? 30 : 0, size: slant ? 64 : 50 },
-        { ...axis, values: (u, splits) => tickLabels(splits, fmt),
-          size: (u, values) => 18 + 7 * Math.max(3, ...(values || []).map((v) => `${v}`.length)) }],
+        rotate: slant ? 30 : 0, size: slant ? 64 : 50 }, yAxis],
       cursor: { drag: { x: false, y: false } },
       legend: { live: true },
+      hooks: { draw: [(u) => noteDrawn(u, this.fig)] },
     }, [idx, ...evals.map((e) => e.values)], this.plot);
   }
 

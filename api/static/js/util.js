@@ -66,8 +66,16 @@ export function progress(step, total) {
   return h("div.progress", {}, bar, h("span.txt", {}, `${step} / ${total}`));
 }
 
-export function fmtNum(v, digits = 4) {
+/** The text of a value that is not a finite number (a dash where there is none), else null. */
+function notFinite(v) {
   if (v === null || v === undefined || Number.isNaN(v)) return "—";
+  if (!Number.isFinite(v)) return v > 0 ? "∞" : "−∞";
+  return null;
+}
+
+export function fmtNum(v, digits = 4) {
+  const odd = notFinite(v);
+  if (odd) return odd;
   const a = Math.abs(v);
   if (a === 0) return "0";
   if (a >= 1e6 || a < 1e-3) return v.toExponential(2);
@@ -75,25 +83,34 @@ export function fmtNum(v, digits = 4) {
   return Number(v.toPrecision(digits)).toString();
 }
 
+const SI_PREFIXES = [[1e18, "E"], [1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+const BINARY_PREFIXES = [[2 ** 60, "EiB"], [2 ** 50, "PiB"], [2 ** 40, "TiB"], [2 ** 30, "GiB"],
+  [2 ** 20, "MiB"], [2 ** 10, "KiB"]];
+
 export function fmtSI(v) {
-  if (v === null || v === undefined) return "—";
+  const odd = notFinite(v);
+  if (odd) return odd;
   const a = Math.abs(v);
-  for (const [d, u] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]]) if (a >= d) return `${+(v / d).toFixed(2)}${u}`;
+  if (a >= 1e21) return v.toExponential(2);
+  for (const [d, u] of SI_PREFIXES) if (a >= d) return `${+(v / d).toFixed(2)}${u}`;
   return fmtNum(v, 3);
 }
 
 export function fmtBytes(v) {
-  if (v === null || v === undefined) return "—";
+  const odd = notFinite(v);
+  if (odd) return odd;
   const a = Math.abs(v);
-  for (const [d, u] of [[2 ** 40, "TiB"], [2 ** 30, "GiB"], [2 ** 20, "MiB"], [2 ** 10, "KiB"]]) {
+  if (a >= 2 ** 70) return `${v.toExponential(2)} B`;
+  for (const [d, u] of BINARY_PREFIXES) {
     if (a >= d) return `${+(v / d).toFixed(a >= 10 * d ? 1 : 2)} ${u}`;
   }
-  return `${v} B`;
+  return `${+v.toFixed(0)} B`;
 }
 
 export function fmtSeconds(v) {
-  if (v === null || v === undefined) return "—";
-  if (v < 1) return `${+(v * 1000).toPrecision(3)} ms`;
+  const odd = notFinite(v);
+  if (odd) return odd;
+  if (Math.abs(v) < 1) return `${+(v * 1000).toPrecision(3)} ms`;
   return `${+v.toPrecision(3)} s`;
 }
 
