@@ -259,6 +259,36 @@ PASSKEY_TOKEN_ACC_CELL = Metric(
     view="grid",
     grid=("len", "depth"),
 )
+RULER_LEN = Metric(
+    name="ruler/len={len}",
+    key="ruler_len",
+    title="RULER score by context length",
+    unit="fraction",
+    group="eval",
+    description="RULER-style tasks at one length: mean over tasks of the share of answers found",
+    format="percent",
+    profile="len",
+)
+RULER_TASK = Metric(
+    name="ruler/{task}/len={len}",
+    key="ruler_task",
+    title="RULER score by task (rows) and context length (columns)",
+    unit="fraction",
+    group="eval",
+    description="one RULER-style task at one length: share of reference answers found",
+    format="percent",
+    view="grid",
+    grid=("task", "len"),
+)
+EFFECTIVE_LENGTH = Metric(
+    name="effective_length",
+    title="Effective context length",
+    unit="tokens",
+    group="eval",
+    description="longest evaluated length whose RULER score is at least 0.856 (0: none)",
+    format="si",
+    view="stat",
+)
 VERIFY_MAX_REL_ERR = Metric(
     name="verify_max_rel_err",
     title="Verification: max relative error",
@@ -334,6 +364,9 @@ CATALOG: tuple[Metric, ...] = (
     PASSKEY_TOKEN_ACC,
     PASSKEY_ACC_CELL,
     PASSKEY_TOKEN_ACC_CELL,
+    RULER_LEN,
+    RULER_TASK,
+    EFFECTIVE_LENGTH,
     VERIFY_MAX_REL_ERR,
     VERIFY_TOLERANCE,
     VERIFY_PASSED,

@@ -24,6 +24,8 @@ from workers.config.sections import (
 from workers.config.stages import MAX_STAGES, Stage, StageConfig, plan, stage_at
 from workers.parallel_dims import ParallelDims
 
+RULER_MIN_LENGTH = 2048  # every RULER task's question and answers fit, in bytes
+
 
 class JobSpec(StrictModel):
     name: str = Field(..., min_length=1, max_length=128)
@@ -162,12 +164,16 @@ class JobSpec(StrictModel):
                 )
         for i, suite in enumerate(self.eval.suites or []):
             if suite == "ruler":
-                fail(
-                    f"eval.suites.{i}",
-                    suite,
-                    "eval.suites: ruler runs on a job's exported model, not inside training: "
-                    "`ringtrain eval <job id> --lengths ...` once the job has finished",
-                )
+                for j, length in enumerate(self.eval_context_lengths()):
+                    if length < RULER_MIN_LENGTH:
+                        where = f"eval.context_lengths.{j}" if self.eval.context_lengths else None
+                        fail(
+                            where or "data.seq_len",
+                            length,
+                            f"eval.suites: ruler asks every task at each eval length, which needs "
+                            f"at least {RULER_MIN_LENGTH} tokens (got {length}); set "
+                            "eval.context_lengths",
+                        )
             if suite == "val" and self.data.kind == "passkey":
                 fail(
                     f"eval.suites.{i}",

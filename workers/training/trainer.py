@@ -54,6 +54,7 @@ from workers.training.memory import PeakMemory
 from workers.training.mesh import build_mesh
 from workers.training.optim import build_optimizer, build_scheduler, clip_grad_norm, state_bytes
 from workers.training.parallelize import parallelize
+from workers.training.ruler_eval import ruler_scores
 from workers.training.validation import validation_loss
 from workers.training.verify import VerificationFailed, verify
 
@@ -263,6 +264,8 @@ class Trainer:
             )
         if "passkey" in suites:
             results.update(passkey_accuracy(self.model, self.spec, self.mesh, self.device))
+        if "ruler" in suites:
+            results.update(ruler_scores(self.model, self.spec, self.mesh, self.device))
         for name, value in results.items():
             if self.mesh.rank == 0:
                 self.point(name, value)

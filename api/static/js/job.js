@@ -16,7 +16,7 @@ import { PLAIN } from "./units.js";
 import { age, clock, fmtSeconds, h, progress, stateBadge, TERMINAL } from "./util.js";
 
 const LOG_TAIL = 500;
-// names the catalog lacks: a plain chart each (one per family, `ruler/len={len}`), up to this many
+// names the catalog lacks: a plain chart each (one per family, e.g. `probe/len={len}`), up to this many
 const MAX_OTHER_CHARTS = 24;
 // the two per-rank figures the ring view draws (catalog names)
 const RING_MEMORY = "mem_peak_bytes";

@@ -42,7 +42,7 @@ const FIELD = /^([A-Za-z_][A-Za-z0-9_]*)=([^/]+)$/;
 
 /**
  * A name the catalog lacks, read as a member of a family where it has `field=value` parts
- * (`ruler/len=4096`, `ruler/vt/len=8192`): {pattern: "ruler/len={len}", label: "len=4096"}, so
+ * (`probe/len=4096`, `probe/vt/len=8192`): {pattern: "probe/len={len}", label: "len=4096"}, so
  * the members share one chart, a series each, ordered by their values. Null: no such part.
  */
 export function familyOf(name) {

@@ -46,7 +46,6 @@ def test_the_default_suite_follows_the_data(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("suites", "data", "words"),
     [
-        (["ruler"], {"seq_len": 128}, "ringtrain eval"),
         (["passkey", "val"], {"seq_len": 128}, "held-out documents"),
         (["needle"], {"seq_len": 128}, "passkey"),
         ([], {"seq_len": 128}, "at least 1"),
@@ -59,3 +58,15 @@ def test_suites_that_cannot_run_are_refused_naming_the_field(
         tiny_spec(data=data, eval={"suites": suites})
     err = e.value.errors()[0]
     assert err["loc"][:2] == ("eval", "suites") and words in err["msg"], err
+
+
+def test_ruler_needs_room_for_every_task_at_each_length() -> None:
+    with pytest.raises(ValidationError) as e:
+        tiny_spec(data={"seq_len": 128}, eval={"suites": ["ruler"]})
+    err = e.value.errors()[0]
+    assert err["loc"] == ("data", "seq_len") and "at least 2048" in err["msg"], err
+    with pytest.raises(ValidationError) as e:
+        tiny_spec(eval={"suites": ["ruler"], "context_lengths": [4096, 1024]})
+    assert e.value.errors()[0]["loc"] == ("eval", "context_lengths", 1)
+    ok = tiny_spec(eval={"suites": ["ruler", "passkey"], "context_lengths": [2048]})
+    assert ok.eval_suites() == ["ruler", "passkey"]
