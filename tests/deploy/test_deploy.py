@@ -37,6 +37,9 @@ OUT_OF_BAND_SECRETS = {
     "ringtrain-ray-auth": {"auth_token"},
     "ringtrain-redis": {"password"},
 }
+# Pods that run as root: the GKE storage component's one-shot Job that hands the Filestore share to the pods' uid
+# (Filestore ignores fsGroup; components/storage-gke, the storage the tests render the gpu overlays with).
+ROOT_PODS = {"Job/ringtrain-checkpoints-owner"}
 THIRD_PARTY_IMAGES = re.compile(
     r"^(postgres|redis):\d+\.\d+"
 )  # the dev database; the gpu overlay's GCS Redis
@@ -462,10 +465,12 @@ def test_control_plane_hardening_and_probes(overlay):
     assert {"RINGTRAIN_API_TOKENS", "RINGTRAIN_DATABASE_URL"} <= secret_keys
     assert {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"} <= envs
     for p in all_pods(objs):
-        assert p.spec["securityContext"]["runAsNonRoot"] is True, p.owner
-        assert p.spec["securityContext"].get("runAsUser", 1) != 0, p.owner
         for ctr in dh.containers(p.spec):
             assert ctr.get("securityContext", {}).get("allowPrivilegeEscalation") is False, p.owner
+        if p.owner in ROOT_PODS:  # the one documented exception (test_deploy_day3.py checks it)
+            continue
+        assert p.spec["securityContext"]["runAsNonRoot"] is True, p.owner
+        assert p.spec["securityContext"].get("runAsUser", 1) != 0, p.owner
 
 
 def test_dev_credentials_stay_in_the_dev_overlay():
@@ -497,6 +502,9 @@ def test_dockerfile_sound(flavour):
     for f in froms:
         ref = dh.substitute(f.args.split()[0], args)
         assert "$" not in ref, f"{path.name}:{f.line}: FROM {ref} uses an ARG without a default"
+        if ref == "scratch":  # an empty stage: files copied in, or a named build context's place
+            stages.add(f.args.split()[-1])
+            continue
         name, _, tag = ref.rpartition(":")
         assert name and tag and tag != "latest", f"{path.name}:{f.line}: FROM {ref} is not pinned"
         assert re.fullmatch(r"rayproject/ray", name), (

@@ -149,15 +149,16 @@ def test_head_fault_tolerance_uses_redis_with_a_secret_password(overlay: str) ->
     assert int(port) in {p["port"] for p in svc["spec"]["ports"]}
     ref = ft["redisPassword"]["valueFrom"]["secretKeyRef"]
     assert "value" not in ft["redisPassword"], "the password must come from a Secret"
-    redis = the_one(objs, "Deployment", "ringtrain-redis")["spec"]["template"]["spec"][
-        "containers"
-    ][0]
-    env = {e["name"]: e for e in redis["env"]}
-    assert (
-        env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == ref
-        and "$(REDIS_PASSWORD)" in redis["args"]
-    )
-    assert "--appendonly" in redis["args"]
+    # Redis reads the same Secret key, as a file its config is written from (test_deploy_day3.py
+    # runs that step), never on its command line
+    pod = the_one(objs, "Deployment", "ringtrain-redis")["spec"]["template"]["spec"]
+    (secret,) = [v["secret"] for v in pod["volumes"] if "secret" in v]
+    assert secret["secretName"] == ref["name"]
+    assert [i["key"] for i in secret["items"]] == [ref["key"]]
+    (redis,) = pod["containers"]
+    assert redis["args"] == ["/etc/redis/redis.conf"] and "env" not in redis
+    (config,) = pod["initContainers"]
+    assert "appendonly yes" in config["args"][0] and "requirepass" in config["args"][0]
     # who reaches Redis: the head (the GCS) and KubeRay's clean-up pod (the head's template,
     # relabelled)
     pols = by_kind(objs, "NetworkPolicy")

@@ -106,9 +106,16 @@ def test_control_plane_keeps_a_replica_through_rollouts_and_drains(overlay: str)
     api = pod["containers"][0]
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
     # the migration is its own step, before the app, with the same image and database settings
+    # (the database URL from the Secret, not the whole Secret: test_deploy_day3.py)
     (mig,) = pod["initContainers"]
     assert mig["command"] == ["ringtrain", "db", "upgrade"]
-    assert mig["image"] == api["image"] and mig["envFrom"] == api["envFrom"]
+    config_refs = [e for e in api["envFrom"] if "configMapRef" in e]
+    assert mig["image"] == api["image"] and mig["envFrom"] == config_refs
+    mig_env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in mig["env"]}
+    assert mig_env["RINGTRAIN_DATABASE_URL"] == {
+        "name": "ringtrain-secrets",
+        "key": "RINGTRAIN_DATABASE_URL",
+    }
     assert api["command"] == ["ringtrain", "serve"]
     assert mig["securityContext"]["readOnlyRootFilesystem"] is True
     # ... and not again inside app start-up: `serve` is told to only check the schema
@@ -158,16 +165,53 @@ def test_kueue_template_runs_the_image_set_with_kustomize(where: str, tmp_path: 
     assert dh.crd_errors(job) == []
 
 
-def test_kueue_template_reserves_single_quotes_for_what_kustomize_fills_in() -> None:
-    """The replacements split the template's text on single quotes: pieces 1, 3 and 5 must be
-    rayVersion and the two images; a stray quote (an apostrophe in a comment) would shift them."""
-    text = (dh.OVERLAYS / "kueue" / "rayjob-template.yaml").read_text()
+# What each quoted piece of the RayJob template is (its index in the text split on single quotes),
+# as the kueue overlay's replacements fill them in: the key before it and where its value comes from.
+TEMPLATE_PIECES = {
+    1: ("rayVersion:", "rayVersion"),
+    3: ("image:", "image"),
+    5: ("num-cpus:", "cpu"),
+    7: ("object-store-memory:", "objectStoreMemory"),
+    9: ("kueue.x-k8s.io/podset-required-topology:", "topology"),
+    11: ("image:", "image"),
+    13: ("cpu:", "cpu"),
+    15: ("memory:", "memory"),
+    17: ("nvidia.com/gpu:", "gpus"),
+    19: ("cpu:", "cpu"),
+    21: ("memory:", "memory"),
+    23: ("nvidia.com/gpu:", "gpus"),
+    25: ("sizeLimit:", "shmSize"),
+    27: ("image:", "image"),
+}
+
+
+def template_pieces(text: str) -> dict[str, set[str]]:
+    """The quoted values of the template text, by what they are (TEMPLATE_PIECES)."""
     pieces = text.split("'")
-    assert len(pieces) == 7, "single quotes are reserved for rayVersion and the two images"
-    assert re.fullmatch(r"\d+\.\d+\.\d+", pieces[1])
-    assert pieces[0].rstrip().endswith("rayVersion:")
-    assert pieces[2].rstrip().endswith("image:") and pieces[4].rstrip().endswith("image:")
-    assert pieces[3] == pieces[5]
+    assert len(pieces) == 2 * len(TEMPLATE_PIECES) + 1, "single quotes are reserved"
+    out: dict[str, set[str]] = {}
+    for i, (key, what) in TEMPLATE_PIECES.items():
+        assert pieces[i - 1].rstrip().endswith(key), (i, key, pieces[i - 1][-60:])
+        out.setdefault(what, set()).add(pieces[i])
+    return out
+
+
+def test_kueue_template_reserves_single_quotes_for_what_kustomize_fills_in() -> None:
+    """The replacements split the template's text on single quotes: each odd piece must be the
+    value its replacement targets (kueue/kustomization.yaml); a stray quote (an apostrophe in a
+    comment) would shift them all."""
+    text = (dh.OVERLAYS / "kueue" / "rayjob-template.yaml").read_text()
+    values = template_pieces(text)
+    assert all(len(v) == 1 for v in values.values()), values  # one value per thing, however often
+    assert re.fullmatch(r"\d+\.\d+\.\d+", *values["rayVersion"])
+    kust = yaml.safe_load((dh.OVERLAYS / "kueue" / "kustomization.yaml").read_text())
+    indices = {
+        t["options"]["index"]
+        for r in kust["replacements"]
+        for t in r["targets"]
+        if t["select"]["name"] == "ringtrain-rayjob-template"
+    }
+    assert indices == set(TEMPLATE_PIECES), "every quoted piece is filled in, and nothing else"
 
 
 # --- B2: upgrades without a mixed-version cluster ------------------------------------------------
@@ -199,9 +243,14 @@ def _requests(pod: dict[str, Any]) -> dict[str, float]:
 
 
 def _job_request(job: dict[str, Any]) -> dict[str, float]:
-    """What Kueue counts for one RayJob: head + workers + KubeRay's submitter pod."""
+    """What Kueue counts for one RayJob: head + workers + the submitter pod (the template's, else
+    KubeRay's default)."""
     cluster = job["spec"]["rayClusterSpec"]
-    total = {"cpu": SUBMITTER["cpu"], "memory": float(SUBMITTER["memory"]), "gpu": 0.0}
+    submitter = job["spec"].get("submitterPodTemplate")
+    if submitter:
+        total = {**_requests(submitter["spec"])}
+    else:
+        total = {"cpu": SUBMITTER["cpu"], "memory": float(SUBMITTER["memory"]), "gpu": 0.0}
     for k, v in _requests(cluster["headGroupSpec"]["template"]["spec"]).items():
         total[k] += v
     for g in cluster["workerGroupSpecs"]:

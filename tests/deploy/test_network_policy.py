@@ -1,13 +1,18 @@
 """The NetworkPolicies, offline: every overlay renders them, they validate (kubernetes-validate --strict), and a
-small evaluator of NetworkPolicy ingress semantics (pod and namespace selectors, matchExpressions, port ranges,
-"no policy selects the pod = open") answers who reaches what among the rendered pods: only the control plane reaches
-the Ray head's Jobs API, only the Ray head (where drivers run) and labelled client namespaces reach the control
-plane, Ray pods reach each other on every port. Ray pods carry the labels KubeRay adds to them
-(ray.io/cluster, ray.io/node-type), on top of their templates' own.
+small evaluator of NetworkPolicy semantics (pod and namespace selectors, matchExpressions, ipBlock with exceptions,
+port ranges and protocols, ingress and egress, "no policy selects the pod = open") answers who reaches what among
+the rendered pods: only the control plane reaches the Ray head's Jobs API, only the Ray head (where drivers run) and
+labelled client namespaces reach the control plane, Ray pods reach each other on every port. Ray pods carry the
+labels KubeRay adds to them (ray.io/cluster, ray.io/node-type), on top of their templates' own.
+
+Addresses outside the cluster's pods (a load balancer, the metadata server) are endpoints with an `ip`: only ipBlock
+rules match them, and ipBlock rules never match a pod. That is the portable reading (Cilium, GKE Dataplane V2, does
+not match pod addresses with ipBlock), so a policy that passes here works on Calico and Cilium alike.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -27,6 +32,23 @@ class Pod:
     labels: dict[str, str]
     namespace: str = NS
     ns_labels: dict[str, str] = field(default_factory=dict)
+    ip: str | None = None  # set: an address outside the cluster's pods, matched by ipBlock only
+
+
+def outside(name: str, ip: str) -> Pod:
+    """An address outside the cluster's pods: a load balancer, the cloud's metadata server."""
+    return Pod(name, {}, namespace="", ip=ip)
+
+
+def in_block(ip: str, block: dict[str, Any]) -> bool:
+    addr = ipaddress.ip_address(ip)
+    net = ipaddress.ip_network(block["cidr"])
+    if addr.version != net.version or addr not in net:
+        return False
+    return not any(
+        addr.version == ipaddress.ip_network(e).version and addr in ipaddress.ip_network(e)
+        for e in block.get("except", [])
+    )
 
 
 def selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
@@ -47,11 +69,11 @@ def selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
     return True
 
 
-def port_matches(ports: list[dict[str, Any]] | None, port: int) -> bool:
+def port_matches(ports: list[dict[str, Any]] | None, port: int, protocol: str = "TCP") -> bool:
     if not ports:
         return True
     for p in ports:
-        if p.get("protocol", "TCP") != "TCP":
+        if p.get("protocol", "TCP") != protocol:
             continue
         lo = p.get("port")
         if lo is None:
@@ -67,6 +89,10 @@ def peer_matches(peers: list[dict[str, Any]] | None, src: Pod, policy_ns: str) -
         return True
     for peer in peers:
         if "ipBlock" in peer:
+            if src.ip is not None and in_block(src.ip, peer["ipBlock"]):
+                return True
+            continue
+        if src.ip is not None:  # selectors match pods, never an outside address
             continue
         pod_sel, ns_sel = peer.get("podSelector"), peer.get("namespaceSelector")
         ns_ok = selects(ns_sel, src.ns_labels) if ns_sel is not None else src.namespace == policy_ns
@@ -78,6 +104,8 @@ def peer_matches(peers: list[dict[str, Any]] | None, src: Pod, policy_ns: str) -
 
 def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int) -> bool:
     """Whether a TCP connection from src to dst:port is admitted by the ingress policies."""
+    if dst.ip is not None:
+        return True  # no ingress policy of the cluster applies to an outside address
     chosen = [
         p
         for p in policies
@@ -93,6 +121,41 @@ def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int) -> bo
         for p in chosen
         for rule in p["spec"].get("ingress", [])
     )
+
+
+def types_of(policy: dict[str, Any]) -> list[str]:
+    """policyTypes, or what the API server defaults it to: Ingress, plus Egress when egress rules exist."""
+    spec = policy["spec"]
+    return spec.get("policyTypes") or ["Ingress", *(["Egress"] if "egress" in spec else [])]
+
+
+def allowed_egress(
+    policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, protocol: str = "TCP"
+) -> bool:
+    """Whether the egress policies let src open a connection to dst:port."""
+    chosen = [
+        p
+        for p in policies
+        if p["metadata"].get("namespace", NS) == src.namespace
+        and selects(p["spec"]["podSelector"], src.labels)
+        and "Egress" in types_of(p)
+    ]
+    if not chosen:
+        return True
+    return any(
+        peer_matches(rule.get("to"), dst, p["metadata"].get("namespace", NS))
+        and port_matches(rule.get("ports"), port, protocol)
+        for p in chosen
+        for rule in p["spec"].get("egress", [])
+    )
+
+
+def connects(
+    policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int, protocol: str = "TCP"
+) -> bool:
+    """Both ends agree: src's egress policies and, for a pod, dst's ingress policies."""
+    ingress = allowed(policies, src, dst, port) if protocol == "TCP" else True
+    return allowed_egress(policies, src, dst, port, protocol) and ingress
 
 
 def cluster(objs: tuple[dict[str, Any], ...]) -> tuple[Pod, list[Pod], Pod]:
@@ -288,3 +351,48 @@ def test_evaluator_semantics() -> None:
     assert not selects(
         {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}, b.labels
     )
+
+
+def test_evaluator_semantics_for_addresses_and_egress() -> None:
+    """ipBlock with exceptions matches outside addresses only, never a pod; egress policies close
+    what they select except their rules; protocols are told apart; connects needs both ends."""
+    a, b = Pod("a", {"role": "a"}), Pod("b", {"role": "b"})
+    lb, metadata = outside("lb", "35.191.3.4"), outside("metadata", "169.254.169.254")
+    v6 = outside("imds v6", "fd00:ec2::254")
+    ingress = {
+        "metadata": {"name": "i", "namespace": NS},
+        "spec": {
+            "podSelector": {"matchLabels": {"role": "b"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"ipBlock": {"cidr": "35.191.0.0/16"}}], "ports": [{"port": 80}]}
+            ],
+        },
+    }
+    assert allowed([ingress], lb, b, 80) and not allowed([ingress], lb, b, 81)
+    assert not allowed([ingress], outside("elsewhere", "10.0.0.1"), b, 80)
+    # a pod is no address: ipBlock never matches it
+    assert not allowed([ingress], Pod("a pod", {"role": "a"}), b, 80)
+    egress = {
+        "metadata": {"name": "e", "namespace": NS},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [{"namespaceSelector": {}}]},
+                {"ports": [{"protocol": "UDP", "port": 53}]},
+                {
+                    "to": [
+                        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}},
+                        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128"]}},
+                    ]
+                },
+            ],
+        },
+    }
+    assert allowed_egress([egress], a, b, 1234) and allowed_egress([egress], a, lb, 443)
+    assert not allowed_egress([egress], a, metadata, 80) and not allowed_egress([egress], a, v6, 80)
+    assert allowed_egress([egress], a, metadata, 53, "UDP")  # DNS to any address
+    assert not connects([egress, ingress], a, b, 80)  # b takes only the load balancer
+    assert connects([egress], a, b, 80) and not connects([egress], a, metadata, 80)
+    assert not in_block("169.254.169.254", {"cidr": "::/0"})  # families never mix
