@@ -313,7 +313,7 @@ def test_the_driver_reports_ring_crossings_under_tensor_parallelism() -> None:
         env=SimpleNamespace(attempt=0),
         reporter=SimpleNamespace(state=lambda state, reason, **kw: reports.append(kw)),
     )
-    JobDriver._report_running(driver, group)  # type: ignore[arg-type]
+    JobDriver._report_running(driver, group, 0)  # type: ignore[arg-type]
     (running,) = reports
     assert running["metadata"]["ring_node_crossings"] == 4
     assert running["metadata"]["max_nodes_per_ring"] == 2
