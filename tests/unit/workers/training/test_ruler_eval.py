@@ -91,3 +91,25 @@ def test_scores_follow_the_rule_on_one_process_and_on_a_ring() -> None:
     assert one["effective_length"] == 2048.0
     two = run_distributed(_scores, 2, 2)
     assert two[0] == two[1] == pytest.approx(one)
+
+
+def test_a_window_marks_exactly_each_answers_tokens() -> None:
+    """Label t predicts token t + 1: the labels weighing j + 1 spell answer j, and nothing after the
+    answers weighs anything (padding)."""
+    from workers.evals.ruler import make_sample
+    from workers.training.ruler_eval import ruler_window
+
+    tok = ByteTokenizer()
+    for task in TASKS:
+        window, weights, count = ruler_window(tok, task, 2048, 3, 11)
+        sample = make_sample(tok, task, 2048 + 1 - TASKS[task][1], 3, 11)
+        assert count == len(sample.answers) >= 1
+        labels = window[1:]
+        for j, answer in enumerate(sample.answers):
+            assert tok.decode(labels[weights == j + 1]) == answer, (task, j)
+        last = int((weights > 0).nonzero().max())
+        assert (weights[last + 1 :] == 0).all() and (window[last + 2 :] == 0).all()
+        prompt = tok.encode(sample.prompt)
+        assert (
+            window[: len(prompt)].tolist() == prompt and int(weights[: len(prompt) - 1].sum()) == 0
+        )
