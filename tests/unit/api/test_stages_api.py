@@ -99,3 +99,42 @@ def test_a_bad_stage_is_a_422_at_its_field_and_nothing_is_created(tmp_path: Path
             err = r.json()["error"]
             assert err["field"] == field and words in err["message"], err
         assert c.get("/v1/jobs").json()["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("step", "state", "want", "current"),
+    [
+        (0, "RUNNING", ["RUNNING", "pending", "pending"], 0),
+        (3, "RUNNING", ["RUNNING", "pending", "pending"], 0),
+        (4, "PLACING", ["done", "PLACING", "pending"], 1),  # stage 1's last step done: stage 2 next
+        (7, "FAILED", ["done", "done", "FAILED"], 2),
+        (9, "SUCCEEDED", ["done", "done", "done"], 2),
+    ],
+)
+def test_stage_states_follow_the_jobs_step(
+    step: int, state: str, want: list[str], current: int
+) -> None:
+    from api.schemas import JobOut
+
+    spec = JobSpec.model_validate(
+        {**SPEC, "parallel": {"ring_size": 1}, "stages": [{"steps": 4}, {"steps": 3}, {"steps": 2}]}
+    )
+    row = {
+        "id": "j1",
+        "name": "extend",
+        "owner": "alice",
+        "state": state,
+        "spec": spec.model_dump(mode="json"),
+        "created_at": 0.0,
+        "updated_at": 0.0,
+        "step": step,
+        "total_steps": 9,
+        "placement": None,
+        "error": None,
+        "restarts": 0,
+        "cancel_requested": False,
+        "submission_id": None,
+    }
+    out = JobOut.model_validate(row)
+    assert out.stages is not None and [s.state for s in out.stages] == want and out.stage == current
+    assert [(s.start_step, s.end_step) for s in out.stages] == [(0, 4), (4, 7), (7, 9)]
