@@ -1,13 +1,15 @@
 """The job page's charts on every kind of job, in a real browser (headless Chromium) against the
 real server: what each chart drew (its axis tick labels, its legend, a marker where a series has
-one point), and which sections a job's page has, read from the rendered page.
+one point, the stage boundaries across it), and which sections a job's page has, read from the
+rendered page.
 
 Jobs are seeded by playing the driver over the real report protocol: a passkey job, a corpus job
 (held-out loss by position bucket, twelve ranks), a chat fine-tune (one evaluation: one-point
-series), a flat-zero passkey job, and a job of one-point, non-finite, very large and uncatalogued
-(RULER-style) metrics. One browser and one page; each test opens one job on it. Screenshots go
-to test-artifacts/charts-*.png. The last test checks that units.js and the CLI's units.py write
-the same text for each unit.
+series), a flat-zero passkey job, a job of one-point, non-finite, very large, RULER and
+uncatalogued metrics, and a job with three stages (a context extension: 256, 512, 1024 tokens).
+One browser and one page; each test opens one job on it. Screenshots go to
+test-artifacts/charts-*.png. The last test checks that units.js and the CLI's units.py write the
+same text for each unit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from api.cli.units import format_value
 from tests.support.api_harness import Driver, Server, make_settings, roomy_launcher
 from tests.support.browser_fixtures import (
     ALICE,
@@ -31,12 +34,15 @@ from tests.support.browser_fixtures import (
     step_items,
     wait_js,
 )
+from workers.metrics import EFFECTIVE_LENGTH
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 MODEL = {"d_model": 32, "n_layers": 1, "n_heads": 2}
 BUCKETS = ["0-64", "64-128", "128-256", "256-512", "512-1024", "1024-2048"]
 RULER_LENGTHS = [4096, 8192, 16384, 32768]
+RULER_TASKS = ["niah_single", "vt"]
+PROBE_LENGTHS = [512, 2048, 1024]  # a family the catalog lacks, posted out of order
 PASSKEY_LENGTHS = [1024, 4096, 16384]
 DEPTHS = ["0.10", "0.50", "0.90"]
 
@@ -133,30 +139,67 @@ def seed_flat_zero(srv: Server) -> Driver:
     return d
 
 
+def _ruler(d: Driver, step: int, scores: dict[int, float]) -> list[dict[str, Any]]:
+    """One RULER evaluation: the score by length, and each task's at each length (vt 0.2 below
+    niah_single), posted in text order (16384 before 4096): the page must order them by number."""
+    lengths = sorted(scores, key=str)
+    items = [_metric(d, step, f"ruler/len={n}", scores[n]) for n in lengths]
+    items += [
+        _metric(d, step, f"ruler/{task}/len={n}", scores[n] - 0.2 * t)
+        for t, task in enumerate(RULER_TASKS)
+        for n in lengths
+    ]
+    return items
+
+
 def seed_edges(srv: Server) -> Driver:
-    """One point per series (a loss, a RULER-style evaluation of an exported model with its
-    effective length), a throughput of 3.2e15 tokens/s, a gradient norm with NaN and inf among
-    finite values, and a validation loss that was never finite (nothing to draw)."""
+    """One point per series (a loss; a RULER evaluation of an exported model with its effective
+    length), a throughput of 3.2e15 tokens/s, a gradient norm with NaN and inf among finite values,
+    a validation loss that was never finite (nothing to draw), and a family the catalog lacks."""
     job = create_job(srv, {"name": "edges", "model": MODEL, "data": {"kind": "passkey",
                      "seq_len": 1024}, "parallel": {"ring_size": 2}, "train": {"steps": 10}})  # fmt: skip
     d = start_running(srv, job["id"], ranks=2)
-    ruler = [
-        _metric(d, 7, f"ruler/len={n}", s)
-        for n, s in sorted(zip(RULER_LENGTHS, (0.97, 0.91, 0.84, 0.62), strict=True), key=str)
-    ]
-    ruler += [
-        _metric(d, 7, f"ruler/{task}/len={n}", 1.0 - i * 0.1)
-        for task in ("niah_single", "vt")
-        for i, n in enumerate(RULER_LENGTHS)
-    ]
+    scores = dict(zip(RULER_LENGTHS, (0.97, 0.91, 0.84, 0.62), strict=True))
     _post(d, [
         _metric(d, 7, "loss", 2.5),
         _metric(d, 7, "tokens_per_s", 3.2e15),
         *[_metric(d, s, "grad_norm", v) for s, v in enumerate((1.5, math.nan, math.inf, 0.7, 0.5))],
         *[_metric(d, s, "val_loss", math.nan) for s in (3, 7)],
-        *ruler,
+        *_ruler(d, 7, scores),
         _metric(d, 7, "effective_length", 8192.0),
+        *[_metric(d, 7, f"probe/len={n}", n / 4096) for n in PROBE_LENGTHS],
     ])  # fmt: skip
+    return d
+
+
+STAGED: dict[str, Any] = {
+    "name": "ext",
+    "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2},
+    "data": {"kind": "passkey", "seq_len": 256, "key_digits": 3},
+    "stages": [
+        {"steps": 4, "name": "short"},
+        {"steps": 4, "name": "long", "data": {"seq_len": 512}, "parallel": {"ring_size": 2}},
+        {"steps": 4, "name": "longer", "data": {"seq_len": 1024}, "parallel": {"ring_size": 2}},
+    ],
+}
+STAGE_RANKS = [1, 2, 2]  # each stage's world size
+
+
+def staged_step(d: Driver, step: int) -> list[dict[str, Any]]:
+    """One step's points of the staged job (steps 1..12, four a stage): the training curves, each
+    rank's memory, the stage index, and an evaluation at each stage's last step."""
+    stage = (step - 1) // 4
+    items = [*step_items(d, step, ranks=STAGE_RANKS[stage]), _metric(d, step, "stage", stage)]
+    if step % 4 == 0:
+        items.append(_metric(d, step, "passkey_acc", 0.3 * (stage + 1)))
+    return items
+
+
+def seed_staged(srv: Server) -> Driver:
+    """The staged job in its second stage (step 7 done): the first stage done, the third pending."""
+    job = create_job(srv, STAGED)
+    d = start_running(srv, job["id"], ranks=2)
+    _post(d, [item for s in range(1, 8) for item in staged_step(d, s)])
     return d
 
 
@@ -173,6 +216,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dic
             "chat": seed_chat(srv, tmp),
             "flat_zero": seed_flat_zero(srv),
             "edges": seed_edges(srv),
+            "staged": seed_staged(srv),
         }
         yield srv, made
     finally:
@@ -375,16 +419,18 @@ def test_a_chat_job_with_one_evaluation_shows_its_points(jobs: Any, page: Any) -
     no_errors(page)
 
 
-def test_one_point_non_finite_huge_and_uncatalogued_series(jobs: Any, page: Any) -> None:
-    """Single points, NaN and inf among finite values, a never-finite series, 3.2e15 tokens/s,
-    and RULER-style names the catalog lacks (one chart per family, members by length), live too."""
+def test_one_point_non_finite_huge_ruler_and_uncatalogued_series(jobs: Any, page: Any) -> None:
+    """Single points, NaN and inf among finite values, a never-finite series, 3.2e15 tokens/s, a
+    RULER evaluation drawn from the catalog (its score by length as a family chart and a profile,
+    the task x length grid, the effective length), and a family the catalog lacks; live too."""
     srv, made = jobs
-    ready = {"loss": 1, "grad_norm": 5, "tokens_per_s": 1, "ruler/len={len}": 1}
-    open_job(page, srv, made["edges"], ready)
+    ready = {"loss": 1, "grad_norm": 5, "tokens_per_s": 1, "ruler_len": 1, "probe/len={len}": 1}
+    open_job(page, srv, made["edges"], ready, grids=1)
     shown = sections(page)
-    assert shown["groups"] == ["training", "throughput", "validation", "other"]
-    assert shown["charts"] == ["loss", "grad_norm", "tokens_per_s", "val_loss", "effective_length",
-                               "ruler/len={len}", "ruler/niah_single/len={len}", "ruler/vt/len={len}"]  # fmt: skip
+    assert shown["groups"] == ["training", "throughput", "validation", "eval", "other"]
+    assert shown["charts"] == ["loss", "grad_norm", "tokens_per_s", "val_loss", "ruler_len",
+                               "ruler_len-profile", "probe/len={len}"]  # fmt: skip
+    assert shown["grids"] == ["ruler_task-grid"] and shown["gridsPanel"]
     loss = drawn(page, "loss")
     assert loss["xTicks"] == ["6", "7", "8"] and loss["markers"] == [True]
     assert painted_at_points(page, "loss") == [True]
@@ -398,28 +444,87 @@ def test_one_point_non_finite_huge_and_uncatalogued_series(jobs: Any, page: Any)
     val = page.locator("figure[data-metric='val_loss']")
     assert val.locator("p.empty").inner_text() == "No finite values (NaN or inf) to draw"
     assert val.locator("canvas").count() == 0
-    ruler = drawn(page, "ruler/len={len}")
+    # RULER, from the catalog: a series per length in numeric order, on a percent axis
+    ruler = drawn(page, "ruler_len")
     assert ruler["legend"] == ["step", *(f"len={n}" for n in RULER_LENGTHS)]
     assert ruler["markers"] == [True] * 4 and ruler["xTicks"] == ["6", "7", "8"]
-    assert drawn(page, "effective_length")["yTicks"] == ["7,500", "8,000", "8,500", "9,000"]
-    # live: a longer and a shorter length join the family in numeric order; a finite held-out loss
+    assert ruler["yTicks"] == PERCENT_TICKS and ruler["caption"].startswith(
+        "RULER score by context length"
+    )
+    wait_profile(page, "ruler_len", [str(n) for n in RULER_LENGTHS])  # drawn as members are read
+    profile = drawn(page, "ruler_len-profile")
+    assert profile["xTicks"] == ["4,096", "8,192", "16,384", "32,768"]
+    assert profile["yTicks"] == PERCENT_TICKS
+    assert profile_of(page, "ruler_len") == {"x": [str(n) for n in RULER_LENGTHS], "points": [0.97, 0.91, 0.84, 0.62],
+                                             "step": "7", "first": [], "firstStep": ""}  # fmt: skip
+    wait_js(page, "() => document.querySelectorAll('#ruler_task-grid tbody td').length === 8")
+    grid = grid_cells(page, "ruler_task-grid")
+    assert grid == {"rows": RULER_TASKS, "cols": ["4,096", "8,192", "16,384", "32,768"],
+                    "cells": ["97%", "91%", "84%", "62%", "77%", "71%", "64%", "42%"]}  # fmt: skip
+    effective = page.locator("#metric-stats dd[data-metric='effective_length']").inner_text()
+    want = format_value(
+        EFFECTIVE_LENGTH.unit, EFFECTIVE_LENGTH.format, EFFECTIVE_LENGTH.digits, 8192.0
+    )
+    assert effective == want and effective.startswith("8192")  # as `ringtrain status` writes it
+    dt = page.locator("#metric-stats dt").all_inner_texts()
+    assert dt == ["Effective context length"]
+    # a family the catalog lacks: one chart, its members by number
+    assert drawn(page, "probe/len={len}")["legend"] == ["step", "len=512", "len=1024", "len=2048"]
+    # live: a second RULER evaluation at six lengths (a shorter and a longer one join), and a finite
+    # held-out loss
     d = made["edges"]
-    _post(d, [_metric(d, 9, "ruler/len=65536", 0.3), _metric(d, 9, "ruler/len=2048", 1.0),
-              _metric(d, 9, "val_loss", 2.25)])  # fmt: skip
+    scores = {
+        2048: 1.0,
+        **dict(zip(RULER_LENGTHS, (0.99, 0.95, 0.9, 0.7), strict=True)),
+        65536: 0.3,
+    }
+    _post(d, [*_ruler(d, 9, scores), _metric(d, 9, "val_loss", 2.25)])
     wait_js(
         page,
         "() => document.querySelector(\"figure[data-metric='val_loss']\").dataset.points === '3'",
     )
     wait_js(
         page,
-        "() => document.querySelectorAll(\"figure[data-metric='ruler/len={len}'] .u-legend .u-series\").length === 7",
+        "() => document.querySelectorAll(\"figure[data-metric='ruler_len'] .u-legend .u-series\").length === 7",
     )
-    ruler = drawn(page, "ruler/len={len}")
-    assert ruler["legend"] == [
-        "step",
-        "len=2048",
-        *(f"len={n}" for n in RULER_LENGTHS),
-        "len=65536",
+    ruler = drawn(page, "ruler_len")
+    lengths = [2048, *RULER_LENGTHS, 65536]
+    assert ruler["legend"] == ["step", *(f"len={n}" for n in lengths)]
+    wait_js(
+        page,
+        "() => document.querySelector(\"figure[data-metric='ruler_len-profile']\").dataset.step === '9'",
+    )
+    wait_js(page, "() => document.querySelectorAll('#ruler_task-grid thead th').length === 7")
+    assert profile_of(page, "ruler_len") == {
+        "x": [str(n) for n in lengths],
+        "points": [1.0, 0.99, 0.95, 0.9, 0.7, 0.3],  # the latest evaluation ...
+        "step": "9",
+        "first": [None, 0.97, 0.91, 0.84, 0.62, None],  # ... against the first
+        "firstStep": "7",
+    }
+    assert drawn(page, "ruler_len-profile")["xTicks"] == [
+        "2,048",
+        "4,096",
+        "8,192",
+        "16,384",
+        "32,768",
+        "65,536",
+    ]
+    grid = grid_cells(page, "ruler_task-grid")
+    assert grid["cols"] == ["2,048", "4,096", "8,192", "16,384", "32,768", "65,536"]
+    assert grid["cells"] == [
+        "100%",
+        "99%",
+        "95%",
+        "90%",
+        "70%",
+        "30%",
+        "80%",
+        "79%",
+        "75%",
+        "70%",
+        "50%",
+        "10%",
     ]
     val_now = drawn(page, "val_loss")
     assert val_now["markers"] == [True] and painted_at_points(page, "val_loss") == [True]
@@ -427,9 +532,130 @@ def test_one_point_non_finite_huge_and_uncatalogued_series(jobs: Any, page: Any)
     no_errors(page)
 
 
+def wait_profile(page: Any, key: str, xs: list[str]) -> None:
+    """Wait until a profile chart is drawn with `xs` (its field's values) along x."""
+    profile = f"document.querySelector(\"figure[data-metric='{key}-profile']\")?.dataset"
+    wait_js(page, f"(x) => {profile}?.drawn && {profile}.x === JSON.stringify(x)", xs)
+
+
+def profile_of(page: Any, key: str) -> dict[str, Any]:
+    """What a profile chart shows: its x (field values), the latest evaluation's values and step,
+    the first evaluation's."""
+    return page.evaluate(
+        """(key) => { const d = document.querySelector(`figure[data-metric='${key}-profile']`).dataset;
+        return {x: JSON.parse(d.x), points: JSON.parse(d.points), step: d.step,
+                first: JSON.parse(d.first), firstStep: d.firstStep}; }""",
+        key,
+    )
+
+
+def stage_rows(page: Any) -> list[list[str]]:
+    """The stages table: each row's cells, and "current" last where the row is the current one."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('#stages-table tbody tr')].map((tr) =>
+        [...[...tr.children].map((c) => c.textContent),
+         ...(tr.getAttribute('aria-current') === 'step' ? ['current'] : [])])"""
+    )
+
+
+def marks(page: Any) -> dict[str, list[list[Any]]]:
+    """The stage boundaries each chart over steps drew, by chart: [step, label] each."""
+    return page.evaluate(
+        """() => Object.fromEntries([...document.querySelectorAll('figure.chart:not(.profile)')]
+        .filter((f) => f.dataset.drawn === '1')
+        .map((f) => [f.dataset.metric, JSON.parse(f.dataset.marks || '[]').map((m) => [m.step, m.label])]))"""
+    )
+
+
+def marks_painted(page: Any, key: str) -> list[dict[str, Any]]:
+    """For each boundary a chart drew: where it was noted (CSS px) against where the series' point
+    at its step is, and the share of the plot's height painted in the boundary colour on the pixel
+    column of that point and on a column 8 px to its left, read back from the canvas."""
+    return page.evaluate(
+        """(key) => {
+        const f = document.querySelector(`figure.chart[data-metric='${key}']`);
+        const u = f.liveChart.u, ctx = u.ctx, { top, height } = u.bbox;
+        const mark = getComputedStyle(document.documentElement).getPropertyValue('--mark').trim();
+        const [r, g, b] = mark.match(/\\w\\w/g).map((x) => parseInt(x, 16));
+        const share = (cx) => {
+          const px = ctx.getImageData(cx, top, 1, height).data;
+          let n = 0;
+          for (let p = 0; p < px.length; p += 4) {
+            if (Math.abs(px[p] - r) + Math.abs(px[p + 1] - g) + Math.abs(px[p + 2] - b) < 60) n++;
+          }
+          return n / height;
+        };
+        return JSON.parse(f.dataset.marks).map((m) => {
+          const at = u.data[0][u.data[0].indexOf(m.step)];
+          const cx = Math.round(u.valToPos(at, 'x', true));
+          return { step: m.step, noted: m.x, point: Math.round(u.valToPos(at, 'x') * 10) / 10,
+                   on: share(cx), beside: share(cx - Math.round(8 * devicePixelRatio)) };
+        });
+    }""",
+        key,
+    )
+
+
+SHAPE_1 = "dp 1 × ring 1 × ulysses 1 × tensor 1 (zigzag)"
+SHAPE_2 = "dp 1 × ring 2 × ulysses 1 × tensor 1 (zigzag)"
+
+
+def test_a_staged_job_shows_its_stages_and_their_boundaries(jobs: Any, page: Any) -> None:
+    """The stages table (steps, length, shape, ranks, state; the current one marked), a dashed line
+    labelled with the stage's name on every chart over steps where a stage takes over, no chart of
+    the stage index; live, the table follows the job into its next stage."""
+    srv, made = jobs
+    d = made["staged"]
+    open_job(page, srv, d, {"loss": 7, "mem_peak_bytes": 7, "passkey_acc": 1})
+    wait_js(page, "() => document.querySelectorAll('#stages-table tbody tr').length === 3")
+    assert page.locator("#stages-h").is_visible()
+    assert stage_rows(page) == [
+        ["1", "short", "1–4", "256", SHAPE_1, "1", "done"],
+        ["2", "long current", "5–8", "512", SHAPE_2, "2", "RUNNING", "current"],
+        ["3", "longer", "9–12", "1,024", SHAPE_2, "2", "pending"],
+    ]
+    assert page.locator("#job-shape").inner_text() == f"{SHAPE_2}, seq_len 512 (stage long)"
+    shown = sections(page)
+    assert "stage" not in shown["charts"]  # its boundaries show it
+    assert shown["charts"] == ["loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "mem_peak_bytes",
+                               "passkey_acc"]  # fmt: skip
+    # steps 1..7: one boundary in view, where "long" takes over from step 4, on every chart
+    assert marks(page) == {key: [[4, "long"]] for key in shown["charts"]}
+    (at4,) = marks_painted(page, "loss")
+    assert at4["noted"] == at4["point"] and at4["on"] > 0.4 and at4["beside"] < 0.1, at4
+    # live: steps 8 and 9 (the third stage, on the same two ranks: no state change) move the table
+    # on and bring the second boundary into view
+    _post(d, staged_step(d, 8) + staged_step(d, 9))
+    wait_js(
+        page,
+        "() => document.querySelector('#stages-table tr[aria-current]')?.dataset.stage === '2'",
+    )
+    wait_js(
+        page,
+        "() => document.querySelector(\"figure[data-metric='loss']\").dataset.marks.includes('longer')",
+    )
+    assert stage_rows(page) == [
+        ["1", "short", "1–4", "256", SHAPE_1, "1", "done"],
+        ["2", "long", "5–8", "512", SHAPE_2, "2", "done"],
+        ["3", "longer current", "9–12", "1,024", SHAPE_2, "2", "RUNNING", "current"],
+    ]
+    assert page.locator("#job-shape").inner_text() == f"{SHAPE_2}, seq_len 1024 (stage longer)"
+    wait_js(
+        page,
+        "() => document.querySelector(\"figure[data-metric='passkey_acc']\").dataset.points === '2'",
+    )
+    assert marks(page) == {key: [[4, "long"], [8, "longer"]] for key in shown["charts"]}
+    painted = marks_painted(page, "loss")
+    assert [m["step"] for m in painted] == [4, 8]
+    for m in painted:
+        assert m["noted"] == m["point"] and m["on"] > 0.4 and m["beside"] < 0.1, m
+    assert painted[0]["noted"] < painted[1]["noted"]
+    shot(page, "charts-staged")
+    no_errors(page)
+
+
 def test_the_page_and_the_cli_write_values_alike(jobs: Any, page: Any) -> None:
     """units.js and the CLI's units.py: the same text for each unit's known answers."""
-    from api.cli.units import format_value
     from tests.unit.api.test_cli_units import KNOWN
 
     srv, _ = jobs

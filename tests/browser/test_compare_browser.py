@@ -151,9 +151,8 @@ def test_compare_overlays_jobs_and_lists_spec_differences(jobs: Any, page: Any) 
     state = page.evaluate("window.__ringtrain.compare")
     assert [j["points"] for j in state["jobs"]] == [j["points"] for j in made]
     last = page.locator("#spec-diff-table tr.final td").all_inner_texts()
-    assert (
-        last == ["1.50e+6"] * 3
-    )  # the mean of 1e6 and 2e6 over the two ranks, in fmtNum's notation
+    # the mean of 1e6 and 2e6 bytes over the two ranks, in the metric's unit (as its axis)
+    assert last == ["1.43 MiB"] * 3
     shot(page, "compare-mem")
 
     page.locator(f'#compare-jobs input[data-job-id="{made[2]["id"]}"]').uncheck()

@@ -4,9 +4,11 @@
 // double-click or "Reset" to reset; keyboard: + − ← → 0.
 // The y axis is the metric's unit (units.js: tick labels, a range that holds a flat series); a
 // point that stands alone gets a marker; a NaN or inf value (stored as null) is a gap in its line
-// and counted in the caption.
+// and counted in the caption. A job with stages has a dashed line at each stage's first step
+// (stages.js), labelled with the stage's name.
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { naturalCompare } from "./metrics.js";
+import { drawMarks } from "./stages.js";
 import { PLAIN, showMarkers, STEP_INCRS, stepRange } from "./units.js";
 import { cssVar, h, PALETTE } from "./util.js";
 
@@ -64,6 +66,7 @@ export class LiveChart {
     const written = fmt && ((v) => (finite(v) ? fmt(v) : PLAIN.value(v)));
     this.unit = opts.unit || (fmt ? { ...PLAIN, value: written } : PLAIN);
     this.bad = new Set(); // "key|step" of the points that were not finite (NaN, inf: stored null)
+    this.marks = []; // [{step, label}]: the stage boundaries drawn across the chart
     this.xs = [];
     this.keys = []; // series keys: "" (one global series), "rank N", or a family member's label
     this.ys = new Map();
@@ -167,6 +170,13 @@ export class LiveChart {
 
   get points() { return this.xs.length; }
 
+  /** The stage boundaries to draw ([{step, label}], stages.js's stageMarks), redrawn now. */
+  setMarks(marks) {
+    if (JSON.stringify(marks) === JSON.stringify(this.marks)) return;
+    this.marks = marks;
+    if (this.u) this.u.redraw(false);
+  }
+
   schedule() {
     this.dirty = true;
     if (this.timer) return;
@@ -224,6 +234,7 @@ export class LiveChart {
         setSelect: [(u) => { if (u.select.width > 2) this.userZoom = true; }],
         draw: [(u) => {
           this.lastDrawMs = performance.now() - this.drawStart;
+          drawMarks(u, this.marks, this.fig);
           noteDrawn(u, this.fig);
           if (measured) return;
           measured = true;

@@ -6,7 +6,7 @@ import { api } from "./api.js";
 import { unitAxes } from "./charts.js";
 import { Catalog, loadCatalog, naturalCompare } from "./metrics.js";
 import { PLAIN, showMarkers } from "./units.js";
-import { cssVar, fmtNum, h, PALETTE, stateBadge } from "./util.js";
+import { cssVar, h, PALETTE, stateBadge } from "./util.js";
 
 const MAX_JOBS = PALETTE.length;
 const HEIGHT = 320;
@@ -167,11 +167,13 @@ export function mountCompare(root, query) {
     const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))].sort();
     const differ = keys.filter((k) => new Set(flat.map((f) => f[k] ?? "—")).size > 1);
     const finals = shown.map((s) => { const [, y] = line(s, metric); return y.length ? y[y.length - 1] : null; });
+    const unit = catalog.lookup(metric)?.metric.unitFormat || PLAIN; // as the chart's axis
     const head = h("tr", {}, h("th", { scope: "col" }, "Parameter"), shown.map((s, i) => h("th", { scope: "col" },
       h("span.swatch", { style: { background: PALETTE[i % PALETTE.length] } }), s.job.name, " ", stateBadge(s.job.state),
       h("div.muted.mono", {}, s.job.id))));
     const rows = [
-      h("tr.final", {}, h("th", { scope: "row" }, `last ${metric}`), finals.map((v) => h("td.num", {}, fmtNum(v)))),
+      h("tr.final", {}, h("th", { scope: "row" }, `last ${metric}`),
+        finals.map((v) => h("td.num", {}, unit.value(v)))),
       ...differ.map((k) => h("tr", { dataset: { param: k } }, h("th.mono", { scope: "row" }, k),
         flat.map((f) => h("td.mono", {}, f[k] ?? "—")))),
     ];

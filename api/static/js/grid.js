@@ -1,10 +1,8 @@
-// A catalog family shown as a grid (e.g. passkey retrieval, needle in a haystack): rows and
-// columns are the two fields the catalog names (context length x needle depth), a cell is the
-// latest value of that member.
-import { naturalCompare } from "./metrics.js";
+// A catalog family shown as a grid (e.g. passkey retrieval, needle in a haystack, RULER's tasks):
+// rows and columns are the two fields the catalog names (context length x needle depth, task x
+// length), each in its numbers' order; a cell is the latest value of that member.
+import { fieldText, naturalCompare } from "./metrics.js";
 import { h } from "./util.js";
-
-const numeric = (s) => s !== "" && Number.isFinite(Number(s));
 
 /** @param metric the catalog entry; @param cells Map name -> {fields, value} */
 export function renderGrid(metric, cells) {
@@ -22,9 +20,9 @@ export function renderGrid(metric, cells) {
   const table = h("table.heat", { id: `${metric.key}-grid`, dataset: { metric: metric.name },
     "aria-label": metric.title },
     h("thead", {}, h("tr", {}, h("th", { scope: "col" }, `${rowField} \\ ${colField}`),
-      C.map((c) => h("th", { scope: "col" }, c)))),
+      C.map((c) => h("th", { scope: "col" }, fieldText(c))))),
     h("tbody", {}, R.map((r) => h("tr", {},
-      h("th", { scope: "row" }, numeric(r) ? Number(r).toLocaleString("en-US") : r),
+      h("th", { scope: "row" }, fieldText(r)),
       C.map((c) => {
         const v = at.get(`${r}|${c}`);
         if (v === undefined || v === null) return h("td.none", {}, "—");

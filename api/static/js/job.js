@@ -1,6 +1,6 @@
-// One job: header with progress and cancel, live charts, the ring, the evaluation grids, state
-// timeline (with the audit trail's rows for the job: who created or cancelled it, from where),
-// logs.
+// One job: header with progress and cancel, its stages (a spec with `stages`), live charts, the
+// ring, the evaluation grids, state timeline (with the audit trail's rows for the job: who created
+// or cancelled it, from where), logs.
 // Where each metric goes (a chart, a grid, a figure), its title and format come from the metric
 // catalog (metrics.js); a name the catalog lacks still gets a plain chart, under "Other".
 // Initial load: GET /v1/jobs/{id}/series (downsampled on the server, consistent as of last_seq); then the
@@ -12,6 +12,7 @@ import { renderGrid } from "./grid.js";
 import { Catalog, familyOf, loadCatalog, naturalCompare } from "./metrics.js";
 import { ProfileChart } from "./profile.js";
 import { renderRing } from "./ring.js";
+import { renderStages, shapeOf, stageMarks } from "./stages.js";
 import { PLAIN } from "./units.js";
 import { age, clock, fmtSeconds, h, progress, stateBadge, TERMINAL } from "./util.js";
 
@@ -21,6 +22,9 @@ const MAX_OTHER_CHARTS = 24;
 // the two per-rank figures the ring view draws (catalog names)
 const RING_MEMORY = "mem_peak_bytes";
 const RING_STEP_TIME = "step_time_s";
+// the stage index of each step: no chart of its own where the page shows the job's stages (their
+// table, and their boundaries on every chart over steps say the same)
+const STAGE_INDEX = "stage";
 
 export function mountJob(root, jobId) {
   const ctrl = new AbortController();
@@ -40,10 +44,14 @@ export function mountJob(root, jobId) {
   const stats = new Map(); // "name|rank" -> {metric, label, step, value} of "stat" entries
   const profiles = new Map(); // entry key -> ProfileChart of a family with `profile` set
   let otherCharts = 0;
+  let marks = []; // the stage boundaries every chart over steps draws (stages.js)
   const timers = new Set();
 
   const head = h("section.panel.job-head-wrap", { "aria-labelledby": "job-title" });
   const errorBox = h("section.panel.alert", { role: "alert", hidden: true });
+  const stagesBox = h("div");
+  const stagesPanel = h("section.panel#stages", { "aria-labelledby": "stages-h", hidden: true },
+    h("h2#stages-h", {}, "Stages"), stagesBox); // shown for a job with stages
   const chartsGrid = h("div.charts");
   const ringBox = h("div#ring");
   const gridsBox = h("div#grids");
@@ -57,7 +65,7 @@ export function mountJob(root, jobId) {
   const modelBox = h("div#artifacts");
   root.append(
     h("nav", { "aria-label": "Breadcrumb" }, h("a", { href: "#/jobs" }, "← Jobs")),
-    head, errorBox,
+    head, errorBox, stagesPanel,
     h("section.panel", { "aria-labelledby": "metrics-h" },
       h("div.toolbar", {}, h("h2#metrics-h", {}, "Metrics"), live,
         h("span.muted", {}, "Drag across a chart to zoom, double-click to reset; hover for values.")),
@@ -108,7 +116,7 @@ export function mountJob(root, jobId) {
             `#${job.queue_position} (priority ${job.priority ?? 0}): ${job.queue_reason || "waiting"}`)] : null,
           h("dt", {}, "Verified"), h("dd#job-verification", {}, verificationBadge(job)),
           h("dt", {}, "Restarts"), h("dd", {}, `${job.restarts} of ${job.spec?.max_restarts ?? "?"}`),
-          h("dt", {}, "Parallel"), h("dd#job-shape", {}, shapeText(job.spec)),
+          h("dt", {}, "Parallel"), h("dd#job-shape", {}, shapeText(job)),
           h("dt", {}, "Memory"), h("dd#job-memory", {}, job.memory_knobs || ""),
           job.spec?.init_from ? [h("dt", {}, "Starts from"), h("dd#job-init-from", {}, initFrom(job.spec.init_from))] : null,
           Object.keys(meta).length ? [h("dt", {}, "Runtime"), h("dd.mono", {},
@@ -120,11 +128,19 @@ export function mountJob(root, jobId) {
     } else errorBox.hidden = true;
   }
 
-  // The stored shape (a `ring_size: auto` job shows what submission resolved it to).
-  function shapeText(spec) {
-    const p = spec?.parallel || {};
-    return `dp ${p.data_parallel ?? 1} × ring ${p.ring_size ?? "?"} × ulysses ${p.ulysses_size ?? 1}` +
-      ` × tensor ${p.tensor_size ?? 1} (${p.layout ?? ""}), seq_len ${spec?.data?.seq_len ?? "?"}`;
+  // The stored shape (a `ring_size: auto` job shows what submission resolved it to); a job with
+  // stages, its current stage's.
+  function shapeText(j) {
+    const stage = j.stages?.find((s) => s.index === j.stage);
+    if (stage) return `${shapeOf(stage.parallel)}, seq_len ${stage.seq_len} (stage ${stage.name})`;
+    return `${shapeOf(j.spec?.parallel)}, seq_len ${j.spec?.data?.seq_len ?? "?"}`;
+  }
+
+  function renderStagesPanel() {
+    stagesPanel.hidden = !job.stages?.length;
+    stagesBox.replaceChildren(job.stages?.length ? renderStages(job) : "");
+    marks = stageMarks(job);
+    for (const c of charts.values()) c.setMarks(marks);
   }
 
   // Where a job's weights came from (`init_from`): a link to the source job, or its directory.
@@ -208,6 +224,7 @@ export function mountJob(root, jobId) {
   function chartOf(name) {
     const hit = catalog.lookup(name);
     if (hit && hit.metric.view !== "line") return null;
+    if (name === STAGE_INDEX && job?.stages?.length) return null;
     const family = hit ? null : familyOf(name);  // a name the catalog lacks: its own family, if any
     const id = family ? family.pattern : name;
     const key = hit ? hit.metric.key : `other:${id}`;
@@ -219,6 +236,7 @@ export function mountJob(root, jobId) {
       chart = new LiveChart(slot, hit
         ? { id: key, title: hit.metric.title, unit: hit.metric.unitFormat }
         : { id, title: id, unit: PLAIN });
+      chart.setMarks(marks);
       charts.set(key, chart);
       groupHeads.get(group)?.removeAttribute("hidden");
       noMetrics.hidden = true;
@@ -311,6 +329,9 @@ export function mountJob(root, jobId) {
       job.step = p.step;
       job.latest_metrics ||= {};
       renderHeadSoon();
+      // the current stage's last step done: the server says which stage runs now
+      const stage = job.stages?.find((s) => s.index === job.stage);
+      if (stage && p.step >= stage.end_step) refreshJob();
     }
   }
 
@@ -351,6 +372,7 @@ export function mountJob(root, jobId) {
     job = j;
     for (const t of j.transitions || []) if (!transitions.has(t.seq)) transitions.set(t.seq, t);
     renderHead();
+    renderStagesPanel();
     renderTimeline();
     if (placementChanged) renderRingSoon();
     // a waiting job's queue position changes without events: re-read it while it waits

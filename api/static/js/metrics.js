@@ -1,7 +1,8 @@
 // The metric catalog (GET /v1/metrics/catalog, defined once in workers/metrics.py): which entry a
 // metric name belongs to, how the job page shows it (a line chart, a grid, a figure) and how its
 // values are written. The job page, the jobs list and the evaluation grids draw from it, so the
-// dashboard's code names no metric (but the two the ring view draws).
+// dashboard's code names no metric (but the two the ring view draws, and the stage index, which a
+// job's stages show instead of a chart).
 import { api } from "./api.js";
 import { unitOf } from "./units.js";
 
@@ -31,6 +32,13 @@ export function naturalCompare(a, b) {
     return x[i].localeCompare(y[i], "en");
   }
   return x.length - y.length;
+}
+
+/** A family's field value as a label: a whole number grouped ("16,384"), other text as written
+ * (a depth "0.10", a bucket "0-64", a task "niah_single"). */
+export function fieldText(v) {
+  const text = String(v);
+  return /^\d+$/.test(text) ? Number(text).toLocaleString("en-US") : text;
 }
 
 /** The value formatter of a catalog entry, by its unit (units.js; the CLI writes the same). */

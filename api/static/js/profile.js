@@ -4,7 +4,7 @@
 // uPlot (vendored) as in charts.js; x is the member's index, labelled with the field's value.
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { noteDrawn, unitAxes, unitHint } from "./charts.js";
-import { naturalCompare } from "./metrics.js";
+import { fieldText, naturalCompare } from "./metrics.js";
 import { cssVar, h, PALETTE } from "./util.js";
 
 const HEIGHT = 220;
@@ -77,8 +77,9 @@ export class ProfileChart {
       ticks: { stroke: cssVar("--grid"), width: 1 } };
     const idx = xs.map((_, i) => i);
     // long labels (0-64 ... 16384-32768) slant rather than run into each other
-    const slant = 7 * Math.max(...xs.map((x) => String(x).length)) * xs.length > this.width() - 80;
-    const series = [{ label: this.field, value: (u, i) => (i === null ? "—" : xs[i]) },
+    const labels = xs.map(fieldText);
+    const slant = 7 * Math.max(...labels.map((x) => x.length)) * xs.length > this.width() - 80;
+    const series = [{ label: this.field, value: (u, i) => (i === null ? "—" : labels[i]) },
       ...evals.map((e, i) => ({
         label: `${i ? "first" : "latest"} (step ${e.step})`,
         stroke: i ? PALETTE[1] : cssVar("--accent"),
@@ -90,7 +91,8 @@ export class ProfileChart {
     this.u = new uPlot({
       width: this.width(), height: HEIGHT, series,
       scales: { x: { time: false, range: () => [-0.5, xs.length - 0.5] }, y: scales.y },
-      axes: [{ ...axis, splits: () => idx, values: (u, splits) => splits.map((i) => xs[i] ?? ""),
+      axes: [{ ...axis, splits: () => idx,
+        values: (u, splits) => splits.map((i) => labels[i] ?? ""),
         rotate: slant ? 30 : 0, size: slant ? 64 : 50 }, yAxis],
       cursor: { drag: { x: false, y: false } },
       legend: { live: true },
