@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import hmac
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -41,13 +42,18 @@ class AppContext:
     telemetry: Telemetry
     limiter: RateLimiter
     leadership: Leadership | None = None  # None: the app runs no control loops (tests)
+    # why the last background check could not reach Ray (`api.routers.health`); None: it could
+    ray_down: Callable[[], str | None] = field(default=lambda: None, repr=False)
     _cluster: tuple[float, ClusterInfo] | None = field(default=None, repr=False)
 
     async def cluster(self, max_age_s: float = 5.0) -> ClusterInfo:
-        """The launcher's cluster view, cached briefly; raises whatever the launcher raises."""
+        """The launcher's cluster view, cached briefly; raises whatever the launcher raises, and at
+        once while the background check finds Ray unreachable (a request never waits on it)."""
         now = time.monotonic()
         if self._cluster is not None and now - self._cluster[0] < max_age_s:
             return self._cluster[1]
+        if (why := self.ray_down()) is not None:
+            raise ConnectionError(f"the Ray cluster did not answer its last check ({why})")
         info = await asyncio.wait_for(asyncio.to_thread(self.launcher.cluster), timeout=10)
         self._cluster = (now, info)
         return info

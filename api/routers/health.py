@@ -108,6 +108,7 @@ async def watch_ray(app: FastAPI) -> AsyncIterator[None]:
     s = ctx.settings
     watch = RayWatch(ctx.launcher.cluster, s.ray_check_interval_s, s.ray_check_timeout_s)
     app.state.ray_watch = watch
+    ctx.ray_down = lambda: watch.error if watch.state == "unreachable" else None
     collector = _RayCollector(watch)
     ctx.telemetry.registry.register(collector)
     task = asyncio.create_task(watch.run(), name="ringtrain-ray-watch")

@@ -75,7 +75,9 @@ def test_a_job_submitted_while_ray_never_answers_waits_queued(
     launcher = RayJobLauncher(silent_head.url)
     with running(tmp_path, launcher, ray_check_interval_s=0.2, ray_check_timeout_s=0.5) as srv:
         c = srv.client(timeout=60)
-        r = c.post("/v1/jobs", json=TINY_SPEC)  # the cluster check gives up (10 s) and lets it in
+        wait_for(lambda: c.get("/healthz").json()["ray"] == "unreachable", timeout=20)
+        # the request does not wait on Ray (it would for 10 s): the background check said it is away
+        r = srv.client(timeout=5).post("/v1/jobs", json=TINY_SPEC)
         assert r.status_code == 201, r.text
         jid = r.json()["id"]
 
