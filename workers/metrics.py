@@ -287,6 +287,7 @@ EFFECTIVE_LENGTH = Metric(
     group="eval",
     description="longest evaluated length whose RULER score is at least 0.856 (0: none)",
     format="si",
+    digits=0,
     view="stat",
 )
 VERIFY_MAX_REL_ERR = Metric(
