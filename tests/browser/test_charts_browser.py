@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -600,6 +601,20 @@ SHAPE_1 = "dp 1 × ring 1 × ulysses 1 × tensor 1 (zigzag)"
 SHAPE_2 = "dp 1 × ring 2 × ulysses 1 × tensor 1 (zigzag)"
 
 
+def marks_painted_once_drawn(
+    page: Any, key: str, steps: list[int], timeout_s: float = 15.0
+) -> list[dict[str, Any]]:
+    """`marks_painted`, read again until the canvas shows every boundary: live points reach the
+    chart's data (and its `data-marks`) before its throttled redraw paints them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        painted = marks_painted(page, key)
+        drawn = [m["step"] for m in painted] == steps and all(m["on"] > 0.4 for m in painted)
+        if drawn or time.monotonic() > deadline:
+            return painted
+        page.wait_for_timeout(100)
+
+
 def test_a_staged_job_shows_its_stages_and_their_boundaries(jobs: Any, page: Any) -> None:
     """The stages table (steps, length, shape, ranks, state; the current one marked), a dashed line
     labelled with the stage's name on every chart over steps where a stage takes over, no chart of
@@ -621,7 +636,7 @@ def test_a_staged_job_shows_its_stages_and_their_boundaries(jobs: Any, page: Any
                                "passkey_acc"]  # fmt: skip
     # steps 1..7: one boundary in view, where "long" takes over from step 4, on every chart
     assert marks(page) == {key: [[4, "long"]] for key in shown["charts"]}
-    (at4,) = marks_painted(page, "loss")
+    (at4,) = marks_painted_once_drawn(page, "loss", [4])
     assert at4["noted"] == at4["point"] and at4["on"] > 0.4 and at4["beside"] < 0.1, at4
     # live: steps 8 and 9 (the third stage, on the same two ranks: no state change) move the table
     # on and bring the second boundary into view
@@ -645,7 +660,7 @@ def test_a_staged_job_shows_its_stages_and_their_boundaries(jobs: Any, page: Any
         "() => document.querySelector(\"figure[data-metric='passkey_acc']\").dataset.points === '2'",
     )
     assert marks(page) == {key: [[4, "long"], [8, "longer"]] for key in shown["charts"]}
-    painted = marks_painted(page, "loss")
+    painted = marks_painted_once_drawn(page, "loss", [4, 8])
     assert [m["step"] for m in painted] == [4, 8]
     for m in painted:
         assert m["noted"] == m["point"] and m["on"] > 0.4 and m["beside"] < 0.1, m
