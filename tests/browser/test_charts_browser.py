@@ -496,13 +496,15 @@ def test_one_point_non_finite_huge_ruler_and_uncatalogued_series(jobs: Any, page
         "() => document.querySelector(\"figure[data-metric='ruler_len-profile']\").dataset.step === '9'",
     )
     wait_js(page, "() => document.querySelectorAll('#ruler_task-grid thead th').length === 7")
-    assert profile_of(page, "ruler_len") == {
+    want_profile = {
         "x": [str(n) for n in lengths],
         "points": [1.0, 0.99, 0.95, 0.9, 0.7, 0.3],  # the latest evaluation ...
         "step": "9",
         "first": [None, 0.97, 0.91, 0.84, 0.62, None],  # ... against the first
         "firstStep": "7",
     }
+    # live members reach the profile one by one (throttled redraws): read until all are in
+    assert read_until(lambda: profile_of(page, "ruler_len"), want_profile, page) == want_profile
     assert drawn(page, "ruler_len-profile")["xTicks"] == [
         "2,048",
         "4,096",
@@ -599,6 +601,14 @@ def marks_painted(page: Any, key: str) -> list[dict[str, Any]]:
 
 SHAPE_1 = "dp 1 × ring 1 × ulysses 1 × tensor 1 (zigzag)"
 SHAPE_2 = "dp 1 × ring 2 × ulysses 1 × tensor 1 (zigzag)"
+
+
+def read_until(read: Any, want: Any, page: Any, timeout_s: float = 15.0) -> Any:
+    """`read()` again until it gives `want` or the time is up; returns the last reading."""
+    deadline = time.monotonic() + timeout_s
+    while (got := read()) != want and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    return got
 
 
 def marks_painted_once_drawn(
