@@ -505,14 +505,13 @@ def test_one_point_non_finite_huge_ruler_and_uncatalogued_series(jobs: Any, page
     }
     # live members reach the profile one by one (throttled redraws): read until all are in
     assert read_until(lambda: profile_of(page, "ruler_len"), want_profile, page) == want_profile
-    assert drawn(page, "ruler_len-profile")["xTicks"] == [
-        "2,048",
-        "4,096",
-        "8,192",
-        "16,384",
-        "32,768",
-        "65,536",
-    ]
+    ticks = ["2,048", "4,096", "8,192", "16,384", "32,768", "65,536"]
+    assert read_until(lambda: drawn(page, "ruler_len-profile")["xTicks"], ticks, page) == ticks
+    wait_js(
+        page,
+        "() => [...document.querySelectorAll('#ruler_task-grid tbody td')]"
+        ".filter((td) => td.textContent.trim()).length === 12",
+    )
     grid = grid_cells(page, "ruler_task-grid")
     assert grid["cols"] == ["2,048", "4,096", "8,192", "16,384", "32,768", "65,536"]
     assert grid["cells"] == [
