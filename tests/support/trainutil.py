@@ -29,6 +29,22 @@ def source_of(spec: JobSpec) -> DataSource:
     return build_source(spec, tokenizer_for(spec))
 
 
+def loss_of(weights: dict[str, torch.Tensor], spec: JobSpec, step: int) -> float:
+    """float64 weighted token mean of `spec`'s batch for `step` on a model holding `weights`."""
+    import torch.nn.functional as F
+
+    from workers.models import build_model
+
+    model = build_model(spec.model, 0).double()
+    model.load_state_dict({k: v.double() for k, v in weights.items()})
+    batch = source_of(spec).global_batch(step - 1, spec.train.batch_size)
+    with torch.no_grad():
+        logits = model(batch.inputs, batch.positions)
+    ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), reduction="none")
+    w = batch.weights.flatten().double()
+    return float((ce * w).sum() / w.sum())
+
+
 def tiny_spec(**over: Any) -> JobSpec:
     """A 2-layer, d_model 32, GQA (4 q heads, 2 kv heads) passkey job: big enough to be non-trivial."""
     base: dict[str, Any] = {

@@ -7,13 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 from tests.support.dist import run_distributed
-from tests.support.trainutil import one_thread, series, source_of, tiny_spec, train
+from tests.support.trainutil import loss_of, one_thread, series, tiny_spec, train
 from workers.config import JobSpec
-from workers.models import build_model
 from workers.training.checkpoint import read_weights
 
 assert one_thread  # autouse fixture, imported to apply to this module
@@ -26,18 +23,6 @@ def _spec(**over: object) -> JobSpec:
         "checkpoint": {"every_steps": 4, "keep": 3},
     }
     return tiny_spec(**{**base, **over})
-
-
-def _loss_of(weights: dict[str, torch.Tensor], spec: JobSpec, step: int) -> float:
-    """float64 weighted token mean of `spec`'s batch for `step` on a model holding `weights`."""
-    model = build_model(spec.model, 0).double()
-    model.load_state_dict({k: v.double() for k, v in weights.items()})
-    batch = source_of(spec).global_batch(step - 1, spec.train.batch_size)
-    with torch.no_grad():
-        logits = model(batch.inputs, batch.positions)
-    ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), reduction="none")
-    w = batch.weights.flatten().double()
-    return float((ce * w).sum() / w.sum())
 
 
 @pytest.mark.multiprocess
@@ -70,7 +55,7 @@ def test_full_continues_the_curve_on_another_ring_and_weights_start_from_the_wei
     assert longer.model.rope_theta != a.model.rope_theta and longer.model.d_model == a.model.d_model
     got = run_distributed(train, 2, longer.model_dump_json(), str(tmp_path / "c"), None)[0]
     first = next(p["value"] for p in got["points"] if p["name"] == "loss" and p["step"] == 1)
-    expected = _loss_of(read_weights(src, 8), longer, 1)
+    expected = loss_of(read_weights(src, 8), longer, 1)
     assert first == pytest.approx(expected, rel=1e-4)
     assert first != pytest.approx(curve[0], rel=1e-2)  # not the scratch model's loss
     lr = next(p["value"] for p in got["points"] if p["name"] == "lr" and p["step"] == 1)

@@ -8,13 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 from tests.support.dist import run_distributed
-from tests.support.trainutil import one_thread, series, source_of, tiny_spec, train
+from tests.support.trainutil import loss_of, one_thread, series, tiny_spec, train
 from workers.config import JobSpec
-from workers.models import build_model
 from workers.training.checkpoint import latest_step, read_weights
 from workers.training.optim import lr_at
 
@@ -39,18 +36,6 @@ def _staged(ring1: int, ring2: int) -> JobSpec:
     )
 
 
-def _loss_of(weights: dict[str, torch.Tensor], spec: JobSpec, step: int) -> float:
-    """float64 weighted token mean of `spec`'s batch for `step` on a model holding `weights`."""
-    model = build_model(spec.model, 0).double()
-    model.load_state_dict({k: v.double() for k, v in weights.items()})
-    batch = source_of(spec).global_batch(step - 1, spec.train.batch_size)
-    with torch.no_grad():
-        logits = model(batch.inputs, batch.positions)
-    ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), reduction="none")
-    w = batch.weights.flatten().double()
-    return float((ce * w).sum() / w.sum())
-
-
 def _at(points: list[dict], name: str) -> dict[int, float]:
     return {p["step"]: p["value"] for p in points if p["name"] == name and p.get("rank") is None}
 
@@ -71,8 +56,8 @@ def test_stages_on_rings_of_2_then_3_follow_the_one_process_curve(tmp_path: Path
     assert want_lr[2] == pytest.approx(1e-3 / 2)
     # stage 2's first step runs stage 1's last weights on stage 2's length and RoPE base
     end_of_1 = read_weights(tmp_path / "one", 2)
-    assert loss[2] == pytest.approx(_loss_of(end_of_1, second, 3), rel=1e-4)
-    assert loss[2] != pytest.approx(_loss_of(end_of_1, first, 3), rel=1e-3)
+    assert loss[2] == pytest.approx(loss_of(end_of_1, second, 3), rel=1e-4)
+    assert loss[2] != pytest.approx(loss_of(end_of_1, first, 3), rel=1e-3)
 
     ckpt = str(tmp_path / "ring")
     staged = _staged(2, 3).model_dump_json()
