@@ -5,14 +5,20 @@ must agree on how many ranks a job has, which ranks share a sequence, which acce
 and how many ranks fit a node; separate copies of these rules drift apart. This module sits beside
 `workers.config` and `workers.protocol` in the ground layer, so the control plane may import it.
 
-The shape (`ParallelDims`, after torchtitan's class of the same name): world = data_parallel x
-ring_size x ulysses_size x tensor_size. The *sequence group* is the ulysses_size x ring_size ranks
-the sequence is split over; a tensor-parallel group (tensor_size ranks) holds the same tokens and
-splits the heads and MLP columns instead. A *replica* is one data-parallel copy: ring x Ulysses x
-tensor ranks. Its ranks are contiguous, tensor innermost, then Ulysses:
+The shape (`ParallelDims`, after torchtitan's class of the same name): world = pipeline_size x
+data_parallel x ring_size x ulysses_size x tensor_size. The *sequence group* is the ulysses_size x
+ring_size ranks the sequence is split over; a tensor-parallel group (tensor_size ranks) holds the
+same tokens and splits the heads and MLP columns instead. A *replica* is one data-parallel copy:
+ring x Ulysses x tensor ranks. Its ranks are contiguous, tensor innermost, then Ulysses:
 
-    rank = ((dp_index * ring_size + ring_rank) * ulysses_size + ulysses_rank) * tensor_size
+    rank = pp_rank * stage_size
+           + ((dp_index * ring_size + ring_rank) * ulysses_size + ulysses_rank) * tensor_size
            + tp_rank
+
+with stage_size = data_parallel x ring x Ulysses x tensor: the pipeline dimension is outermost, so
+one pipeline stage's ranks (its FSDP, ring, Ulysses and tensor groups) are one contiguous block, on
+as few nodes as possible, and only the stage-to-stage hops (activations, once per microbatch) are
+left to cross nodes. Without a pipeline (pipeline_size 1) pp_rank is 0 and nothing changes.
 
 so a tensor group (four collectives per block: the chattiest) is a block of neighbouring ranks on
 one node, a Ulysses group (the latency-bound all-to-all) is a block of tensor groups, a ring is a
@@ -93,6 +99,7 @@ class RankCoordinates:
     ring_rank: int
     ulysses_rank: int
     tp_rank: int = 0
+    pp_rank: int = 0  # pipeline rank: which stage (stages, with virtual stages) the rank runs
 
 
 @dataclass(frozen=True)
@@ -103,9 +110,10 @@ class ParallelDims:
     ring_size: int = 1
     ulysses_size: int = 1
     tensor_size: int = 1
+    pipeline_size: int = 1  # last: positional (dp, ring, ulysses, tensor) construction stays valid
 
     def __post_init__(self) -> None:
-        for name in ("data_parallel", "ring_size", "ulysses_size", "tensor_size"):
+        for name in ("data_parallel", "ring_size", "ulysses_size", "tensor_size", "pipeline_size"):
             degree = getattr(self, name)
             if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {degree!r}")
@@ -114,7 +122,10 @@ class ParallelDims:
     def of(cls, parallel: _ParallelFields) -> ParallelDims:
         """The shape of a spec's `parallel` section."""
         tensor = getattr(parallel, "tensor_size", 1)
-        return cls(parallel.data_parallel, parallel.ring_size, parallel.ulysses_size, tensor)
+        pipeline = getattr(parallel, "pipeline_size", 1)
+        return cls(
+            parallel.data_parallel, parallel.ring_size, parallel.ulysses_size, tensor, pipeline
+        )
 
     @property
     def seq_group_size(self) -> int:
@@ -127,8 +138,13 @@ class ParallelDims:
         return self.seq_group_size * self.tensor_size
 
     @property
-    def world_size(self) -> int:
+    def stage_size(self) -> int:
+        """Ranks of one pipeline stage: every data-parallel replica of it."""
         return self.data_parallel * self.replica_size
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline_size * self.stage_size
 
     @property
     def placement_units(self) -> int:
@@ -144,6 +160,8 @@ class ParallelDims:
         """The shape in words, for messages."""
         dp, ulysses, ring = self.data_parallel, self.ulysses_size, self.ring_size
         words = f"data_parallel {dp} x ulysses_size {ulysses} x ring_size {ring}"
+        if self.pipeline_size > 1:
+            words = f"pipeline_size {self.pipeline_size} x " + words
         return words + (f" x tensor_size {self.tensor_size}" if self.tensor_size > 1 else "")
 
     def seq_divisor(self, layout: str) -> int:
@@ -156,33 +174,39 @@ class ParallelDims:
             raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
         t = self.tensor_size
         return RankCoordinates(
-            dp_index=rank // self.replica_size,
+            dp_index=(rank % self.stage_size) // self.replica_size,
             ring_rank=(rank // (self.ulysses_size * t)) % self.ring_size,
             ulysses_rank=(rank // t) % self.ulysses_size,
             tp_rank=rank % t,
+            pp_rank=rank // self.stage_size,
         )
 
     def order_ranks(self, locations: Sequence[WorkerLocation]) -> list[RankAssignment]:
+        # each (pipeline rank, replica) is one contiguous block of ranks, placed as a replica is
         assignments = order_ranks(
-            locations, self.replica_size, self.data_parallel, self.tensor_size
+            locations, self.replica_size, self.pipeline_size * self.data_parallel, self.tensor_size
         )
         return [replace(a, ring=self.ring_index(a.rank)) for a in assignments]
 
     def ring_index(self, rank: int) -> int:
-        """Which ring `rank` belongs to, numbered as `rings` lists them: (dp_index, ulysses_rank,
-        tp_rank) in row-major order. Equal to the data-parallel replica when U = T = 1."""
+        """Which ring `rank` belongs to, numbered as `rings` lists them: (pp_rank, dp_index,
+        ulysses_rank, tp_rank) in row-major order. Equal to the data-parallel replica when
+        U = T = P = 1."""
         at = self.coordinates(rank)
-        return (at.dp_index * self.ulysses_size + at.ulysses_rank) * self.tensor_size + at.tp_rank
+        replica = at.pp_rank * self.data_parallel + at.dp_index
+        return (replica * self.ulysses_size + at.ulysses_rank) * self.tensor_size + at.tp_rank
 
     def rings(self, assignments: Sequence[RankAssignment]) -> list[list[RankAssignment]]:
-        """Each ring's ranks in ring order (ring_rank 0, 1, ...): the ranks sharing dp_index,
-        ulysses_rank and tp_rank. Rings are listed by (dp_index, ulysses_rank, tp_rank)."""
+        """Each ring's ranks in ring order (ring_rank 0, 1, ...): the ranks sharing pp_rank,
+        dp_index, ulysses_rank and tp_rank. Rings are listed by (pp_rank, dp_index, ulysses_rank,
+        tp_rank)."""
         if len(assignments) != self.world_size:
             raise ValueError(f"expected {self.world_size} assignments, got {len(assignments)}")
-        rings: dict[tuple[int, int, int], list[RankAssignment]] = {}
+        rings: dict[tuple[int, int, int, int], list[RankAssignment]] = {}
         for assignment in sorted(assignments, key=lambda a: a.rank):
             at = self.coordinates(assignment.rank)
-            rings.setdefault((at.dp_index, at.ulysses_rank, at.tp_rank), []).append(assignment)
+            key = (at.pp_rank, at.dp_index, at.ulysses_rank, at.tp_rank)
+            rings.setdefault(key, []).append(assignment)
         return list(rings.values())
 
     def ring_crossings(self, assignments: Sequence[RankAssignment]) -> list[int]:
@@ -201,6 +225,22 @@ class ParallelDims:
     def nodes_per_ring(self, assignments: Sequence[RankAssignment]) -> list[int]:
         """Per ring (as `rings` lists them): how many nodes it spans."""
         return [len({a.node_id for a in ring}) for ring in self.rings(assignments)]
+
+
+def stage_layers(n_layers: int, stages: int, split: Sequence[int] | None = None) -> list[range]:
+    """The layer indices of each pipeline stage, in order: `split` (layers per stage) or an even
+    split. The spec's rules (`workers.config.rules.pipeline_problem`) refuse what fails here."""
+    sizes = list(split) if split is not None else [n_layers // stages] * stages
+    if len(sizes) != stages or sum(sizes) != n_layers or min(sizes) < 1:
+        raise ValueError(f"cannot split {n_layers} layers into {stages} stages as {sizes}")
+    starts = [sum(sizes[:i]) for i in range(stages)]
+    return [range(a, a + n) for a, n in zip(starts, sizes, strict=True)]
+
+
+def stage_rank(stage: int, pipeline_size: int) -> int:
+    """The pipeline rank that runs `stage` (loop order: stage s on rank s mod P, so interleaved
+    schedules give each rank stages r, r + P, ...)."""
+    return stage % pipeline_size
 
 
 def chunks_per_rank(layout: str) -> int:

@@ -62,3 +62,130 @@ def ulysses_heads_problem(
             "ulysses_size > kv_heads"
         )
     return None
+
+
+def pipeline_problem(spec: JobSpec) -> tuple[str, object, str] | None:
+    """The first reason this job cannot run its pipeline (`parallel.pipeline_size` > 1), as
+    (field path, value, message), or None.
+
+    Microbatches split each replica's rows evenly (a stage's buffers are sized once, from the
+    first microbatch); every stage holds at least one layer; the split is even unless
+    `parallel.pipeline_split` says otherwise. What the pipeline does not carry yet is refused by
+    name rather than run wrong: tied embeddings (the head would live on two stages), pretrained
+    models, packed documents, tensor parallelism, and the per-job check and evals (they run the
+    whole model on every rank)."""
+    p, t = spec.parallel, spec.train
+    m = t.microbatches
+    if p.pipeline_size == 1:
+        if m > 1:
+            return (
+                "train.microbatches",
+                m,
+                f"train.microbatches ({m}) splits the batch for pipeline parallel: set "
+                "parallel.pipeline_size > 1, or leave train.microbatches at 1",
+            )
+        if p.pipeline_split is not None:
+            return (
+                "parallel.pipeline_split",
+                p.pipeline_split,
+                "parallel.pipeline_split needs parallel.pipeline_size > 1",
+            )
+        return None
+    size = p.pipeline_size
+    if m < size:
+        return (
+            "train.microbatches",
+            m,
+            f"train.microbatches ({m}) must be >= parallel.pipeline_size ({size}): "
+            "fewer microbatches than stages leave stages idle for the whole step",
+        )
+    if t.batch_size % (p.data_parallel * m):
+        return (
+            "train.microbatches",
+            m,
+            f"train.batch_size ({t.batch_size}) must split into parallel.data_parallel "
+            f"({p.data_parallel}) x train.microbatches ({m}) equal microbatches",
+        )
+    rounds = max(1, m // size)
+    if p.pipeline_schedule != "1f1b" and m % rounds:
+        return (
+            "train.microbatches",
+            m,
+            f"parallel.pipeline_schedule {p.pipeline_schedule} runs microbatches in rounds of "
+            f"parallel.pipeline_size ({size}): train.microbatches ({m}) must be a multiple of "
+            f"{rounds}",
+        )
+    if spec.model.kind != "native":
+        return (
+            "parallel.pipeline_size",
+            size,
+            "parallel.pipeline_size > 1 trains native models only (model.kind: native)",
+        )
+    stages = p.pipeline_stages
+    n_layers: int = spec.model.n_layers  # type: ignore[union-attr]
+    if n_layers < stages:
+        return (
+            "parallel.pipeline_size",
+            size,
+            f"the model is too small for the pipeline: model.n_layers ({n_layers}) < {stages} "
+            f"stages (parallel.pipeline_size {size} x {p.virtual_stages} per rank for "
+            f"{p.pipeline_schedule}); every stage needs a layer",
+        )
+    if p.pipeline_split is not None:
+        split = p.pipeline_split
+        if len(split) != stages:
+            return (
+                "parallel.pipeline_split",
+                split,
+                f"parallel.pipeline_split has {len(split)} entries; the pipeline has {stages} "
+                f"stages (parallel.pipeline_size {size} x {p.virtual_stages} per rank)",
+            )
+        if sum(split) != n_layers:
+            return (
+                "parallel.pipeline_split",
+                split,
+                f"parallel.pipeline_split sums to {sum(split)}, not model.n_layers ({n_layers})",
+            )
+    elif n_layers % stages:
+        return (
+            "parallel.pipeline_split",
+            None,
+            f"model.n_layers ({n_layers}) is not divisible by the {stages} pipeline stages: "
+            "give parallel.pipeline_split (layers per stage), or change parallel.pipeline_size",
+        )
+    refused: list[tuple[str, object, bool, str]] = [
+        (
+            "model.tie_embeddings",
+            True,
+            bool(getattr(spec.model, "tie_embeddings", False)),
+            "set model.tie_embeddings: false (the head would live on two stages)",
+        ),
+        (
+            "parallel.tensor_size",
+            p.tensor_size,
+            p.tensor_size > 1,
+            "tensor parallel inside a pipeline stage is not supported yet",
+        ),
+        (
+            "data.pack",
+            "documents",
+            getattr(spec.data, "pack", None) == "documents",
+            "packed documents are not supported yet; use pack: windows",
+        ),
+        (
+            "verify.enabled",
+            True,
+            spec.verify.enabled,
+            "the pre-training check runs the whole model on every rank: set verify.enabled: false",
+        ),
+        (
+            "eval.enabled",
+            True,
+            spec.eval.enabled,
+            "evals run the whole model on every rank: set eval.enabled: false",
+        ),
+    ]
+    for path, value, bad, why in refused:
+        if bad:
+            return (path, value, f"with parallel.pipeline_size {size}: {why}")
+    return None

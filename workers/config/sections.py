@@ -122,6 +122,9 @@ AUTO_RING = 0
 smallest ring whose memory estimate fits the devices. A stored job never holds it."""
 
 
+PipelineSchedule = Literal["1f1b", "interleaved_1f1b", "zero_bubble"]
+
+
 class ParallelConfig(StrictModel):
     ring_size: Annotated[
         int,
@@ -157,6 +160,26 @@ class ParallelConfig(StrictModel):
         "columns; each runs the ring over its own heads",
     )
 
+    pipeline_size: int = Field(
+        1,
+        ge=1,
+        le=MAX_WORLD,
+        description="pipeline parallel: stages the model's layers are split into, the outermost "
+        "mesh dimension (pp x dp x ring x ulysses x tp)",
+    )
+    pipeline_schedule: PipelineSchedule = Field(
+        "1f1b",
+        description="1f1b: one stage per pipeline rank; interleaved_1f1b and zero_bubble: two "
+        "virtual stages per rank (torch.distributed.pipelining's schedules)",
+    )
+    pipeline_split: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None,
+        min_length=2,
+        max_length=MAX_WORLD,
+        description="layers per stage, in order (one entry per stage: pipeline_size x virtual "
+        "stages); default: an even split",
+    )
+
     auto_fields: ClassVar[frozenset[str]] = frozenset({"ring_size"})
 
     @field_validator("ring_size", mode="before")
@@ -181,6 +204,16 @@ class ParallelConfig(StrictModel):
     def world_size(self) -> int:
         return ParallelDims.of(self).world_size
 
+    @property
+    def virtual_stages(self) -> int:
+        """Pipeline stages per pipeline rank: 2 for the interleaved schedules, else 1."""
+        return 1 if self.pipeline_schedule == "1f1b" else 2
+
+    @property
+    def pipeline_stages(self) -> int:
+        """Pipeline stages in all (1 without pipeline parallelism)."""
+        return self.pipeline_size * self.virtual_stages if self.pipeline_size > 1 else 1
+
 
 class TrainConfig(StrictModel):
     steps: int = Field(100, ge=1, le=10_000_000)
@@ -193,6 +226,13 @@ class TrainConfig(StrictModel):
     beta2: float = Field(0.95, ge=0, lt=1)
     grad_clip: float = Field(1.0, ge=0, le=1e6, description="0 disables clipping")
     seed: int = Field(0, ge=0, le=2**63 - 1)
+    microbatches: int = Field(
+        1,
+        ge=1,
+        le=65536,
+        description="pipeline parallel: the global batch runs as this many microbatches "
+        "(>= parallel.pipeline_size); 1 without a pipeline",
+    )
     activation_checkpointing: Checkpointing = Field(
         "none",
         description="recompute in backward: none, selective (each MLP), full (each block); "

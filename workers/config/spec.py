@@ -10,7 +10,7 @@ from pydantic_core import PydanticCustomError
 from workers.config.base import MAX_SEQ_LEN, MAX_WORLD, StrictModel, fail
 from workers.config.init_from import InitFrom
 from workers.config.models import MODEL_CONFIGS, ModelConfig, ModelSection
-from workers.config.rules import tensor_heads_problem, ulysses_heads_problem
+from workers.config.rules import pipeline_problem, tensor_heads_problem, ulysses_heads_problem
 from workers.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -145,6 +145,15 @@ class JobSpec(StrictModel):
                 p.ring_size,
                 f"ring_size x data_parallel x ulysses_size x tensor_size must be <= {MAX_WORLD}",
             )
+        if p.pipeline_size * p.data_parallel * ring * p.ulysses_size * p.tensor_size > MAX_WORLD:
+            fail(
+                "parallel.pipeline_size",
+                p.pipeline_size,
+                f"pipeline_size x ring_size x data_parallel x ulysses_size x tensor_size must be "
+                f"<= {MAX_WORLD}",
+            )
+        if (problem := pipeline_problem(self)) is not None:
+            fail(*problem)
         knobs_problem = self.train.knobs.problem(cuda=self.resources.accelerator != "cpu")
         if knobs_problem:
             fail(knobs_problem[0], True, knobs_problem[1])
