@@ -40,6 +40,20 @@ bench/memory.py (BENCHMARKS.md, "Memory per token"). CUDA terms (bf16 activation
 parameters, fp32 master shards) follow the code and are unmeasured: the caching allocator's reserve
 beyond live tensors, NCCL's buffers and the pinned host memory of offload are not in
 `max_memory_allocated`, so not in the estimate either.
+
+Pipeline parallel (`parallel.pipeline_size` P > 1): the busiest pipeline rank is estimated (the
+one holding the most layers, its stages' share of the root counted whole). Its state is its
+layers' parameters sharded over its stage's S = D x R x U ranks (not sharded under zero_bubble,
+whose stages run without FSDP); every token count above is one microbatch's (b / M rows), and the
+activations are kept for F microbatch-stages at once, F the most a rank holds in flight under the
+schedule (torch.distributed.pipelining's warmup on pipeline rank 0):
+
+    1f1b               F = min(M, P)                                  (stages of L_s layers)
+    interleaved_1f1b,  F = min(M·V, (V - 1)·m_r + 2·(P - 1) + 1)      (V = 2 stages per rank,
+    zero_bubble                                                        m_r = M / max(1, M // P))
+
+plus each stage's receive buffers (the input and its gradient, [b / M, t, d]). Unmeasured: the
+formula follows the schedules' order of work, not a measured peak.
 """
 
 from __future__ import annotations
@@ -48,7 +62,7 @@ import math
 from typing import Any
 
 from workers.config import JobSpec, mlp_tiles
-from workers.parallel_dims import ring_head_chunks
+from workers.parallel_dims import ring_head_chunks, stage_layers, stage_rank
 
 
 def block_param_count(spec: JobSpec) -> int:
@@ -156,6 +170,27 @@ def _ring_buffer_bytes(ring: int, kv_heads: int, kvd: int, tokens: int, act_byte
     return tokens * per_chunk * 2 * (act_bytes + 4)
 
 
+def microbatches_in_flight(schedule: str, pipeline_size: int, microbatches: int) -> int:
+    """The most microbatch-stages whose activations one pipeline rank keeps at once (rank 0, which
+    runs the longest warmup): see the module docstring."""
+    P, M = pipeline_size, microbatches
+    if schedule == "1f1b":
+        return min(M, P)
+    V = 2
+    per_round = M // max(1, M // P)
+    return min(M * V, (V - 1) * per_round + 2 * (P - 1) + 1)
+
+
+def _pipeline_rank_layers(spec: JobSpec) -> tuple[int, int]:
+    """(layers on the busiest pipeline rank, layers of its largest stage)."""
+    p = spec.parallel
+    ranges = stage_layers(spec.model.n_layers, p.pipeline_stages, p.pipeline_split)
+    per_rank = [0] * p.pipeline_size
+    for s, layers in enumerate(ranges):
+        per_rank[stage_rank(s, p.pipeline_size)] += len(layers)
+    return max(per_rank), max(len(r) for r in ranges)
+
+
 def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, Any]:
     """A rank's peak bytes (what `mem_peak_bytes` measures) and its parts; see the module docstring.
 
@@ -196,6 +231,8 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
         "loss": 4 * (2 * chunk * V + V * d + 2 * tokens * d),
         "ring_buffers": _ring_buffer_bytes(p.ring_size, m.kv_heads // T, kvd, tokens, act_bytes),
     }
+    if p.pipeline_size > 1:
+        return _pipeline_estimate(spec, acc, parts)
     return {
         "param_count": P,
         "world_size": W,
@@ -214,4 +251,73 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
         "gradients; the MLP's part per tile when tiled) + chunked loss + ring K/V buffers; b = "
         "batch/data_parallel, t = seq_len/(ring_size*ulysses_size); heads, K/V and MLP columns per "
         "rank divided by T = tensor_size; bytes per activation 4 on CPU, 2 on CUDA (bf16)",
+    }
+
+
+def _pipeline_estimate(spec: JobSpec, acc: str, whole: dict[str, int]) -> dict[str, Any]:
+    """The busiest pipeline rank's bytes: `whole` (the same shape without a pipeline) with state,
+    activations and token-sized terms redone for its layers and microbatches."""
+    m, p, tr = spec.model, spec.parallel, spec.train
+    T = p.tensor_size
+    S = (
+        1
+        if p.pipeline_schedule == "zero_bubble"
+        else p.data_parallel * p.ring_size * p.ulysses_size
+    )
+    P = param_count(spec)
+    rank_layers, stage_max = _pipeline_rank_layers(spec)
+    p_root = P - m.n_layers * block_param_count(spec)
+    p_rank = rank_layers * local_block_param_count(spec) + p_root
+    act_bytes = 2 if acc == "gpu" else 4
+    b = tr.batch_size // p.data_parallel
+    t = spec.data.seq_len // (p.ring_size * p.ulysses_size)
+    mb_tokens = b // tr.microbatches * t
+    flight = microbatches_in_flight(p.pipeline_schedule, p.pipeline_size, tr.microbatches)
+    terms = activation_terms(spec)
+    extra = (2 if m.norm_keeps_normalized else 1) * m.d_model + m.head_dim
+    per_layer = (terms["kept"] - extra) / m.n_layers
+    offloaded_per_layer = terms["offloaded"] / m.n_layers
+    kept = flight * (per_layer * stage_max + extra)
+    offloaded = flight * offloaded_per_layer * stage_max
+    tile = _tile_tokens(spec, mb_tokens)
+    chunk = min(LOSS_CHUNK_TOKENS, mb_tokens)
+    d, kvd, V = m.d_model, m.kv_heads * m.head_dim // T, m.vocab_size
+    parts = dict(whole)
+    parts.update(
+        {
+            "params": 4 * p_rank // S,
+            "grads": 4 * p_rank // S,
+            "adamw": 8 * p_rank // S,
+            "activations": int(act_bytes * mb_tokens * (kept - offloaded)),
+            "backward_working_set": act_bytes
+            * (mb_tokens * terms["working"] + tile * terms["working_tile"]),
+            "loss": 4 * (2 * chunk * V + V * d + 2 * mb_tokens * d),
+            "ring_buffers": _ring_buffer_bytes(
+                p.ring_size, m.kv_heads // T, kvd, mb_tokens, act_bytes
+            ),
+            "pipeline_buffers": act_bytes * mb_tokens * d * 2 * p.virtual_stages,
+        }
+    )
+    return {
+        "param_count": P,
+        "world_size": p.world_size,
+        "local_tokens": t,
+        "local_batch": b,
+        "mlp_tile_tokens": tile,
+        "accelerator": acc,
+        "offloaded_bytes": int(act_bytes * mb_tokens * offloaded),
+        "bytes": parts,
+        "total_bytes": sum(parts.values()),
+        "pipeline": {
+            "stages": p.pipeline_stages,
+            "layers_on_rank": rank_layers,
+            "microbatch_tokens": mb_tokens,
+            "microbatches_in_flight": flight,
+        },
+        "formula": "pipeline rank with the most layers: runtime + 16*P_r/S (its layers and the "
+        "root, sharded over the stage's S = D*R*U ranks; 1 under zero_bubble) + gathered blocks "
+        "+ activations of F microbatches in flight (1f1b: min(M, P); interleaved_1f1b and "
+        "zero_bubble: min(2M, m_r + 2(P-1) + 1)) of b/M rows x t tokens each, for the rank's "
+        "largest stage + the backward's working set, chunked loss and ring buffers of one "
+        "microbatch + the stages' receive buffers",
     }
