@@ -41,7 +41,7 @@ from api.telemetry import Telemetry, TelemetryMiddleware, setup_logging
 from service.controller import Controller
 from service.db import listen_dsn, make_engine, require_current
 from service.hub import Hub, Relay
-from service.launcher import ClusterInfo, DriverInfo, Launcher, LaunchRequest
+from service.launcher import ClusterInfo, DriverInfo, Launcher, LaunchRequest, TaskRequest
 from service.leader import Leadership, new_replica_id, refuse_second_sqlite_replica
 from service.settings import Settings, ensure_tokens
 from service.store import EventBus, Store
@@ -77,6 +77,9 @@ class NoClusterLauncher:
         raise RuntimeError(self.MESSAGE)
 
     def cluster(self) -> ClusterInfo:
+        raise RuntimeError(self.MESSAGE)
+
+    def run_task(self, task: TaskRequest) -> str:
         raise RuntimeError(self.MESSAGE)
 
 

@@ -1,48 +1,29 @@
-"""Prepared datasets on the cluster: a table of prepare runs and the Ray job that does each one.
+"""Prepared datasets on the cluster: the prepare runs behind `/v1/datasets` and their rows.
 
-`POST /v1/datasets` stores a row QUEUED and submits
-`python -m workers.data.prepare ... --json-progress` as a Ray job through the Jobs API (like
-training drivers, so the control plane never imports the tokenizing code and a prepare outlives a
-control-plane restart). The prepare prints one JSON line per progress update and a final
-`{"dataset": ...}` line; `refresh` reads the job's status and log tail and writes what it says into
-the row. Reads refresh rows that are not finished, so no background loop is needed and any replica
-can serve them. States: QUEUED -> RUNNING -> SUCCEEDED | FAILED.
+`POST /v1/datasets` stores a row QUEUED (`store.datasets`) and starts
+`python -m workers.data.prepare ... --json-progress` as a one-off task through the launcher
+(`Launcher.run_task`: a Ray job on the shared cluster, a RayJob of its own in Kueue mode), so the
+control plane never imports the tokenizing code and a prepare outlives a control-plane restart. The
+prepare prints one JSON line per progress update and a final `{"dataset": ...}` line; `refresh`
+reads the task's status and log through the same launcher and writes what they say into the row.
+Reads refresh rows that are not finished, so no background loop is needed and any replica can serve
+them. States: QUEUED -> RUNNING -> SUCCEEDED | FAILED.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import shlex
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, Float, Index, String, Text, select
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Mapped, Session, mapped_column
-
-from service.launcher import DriverStatus, Launcher
-from service.models import Base
+from service.launcher import DriverStatus, Launcher, TaskRequest
+from service.models import DatasetRow
+from service.store.datasets import Datasets
 
 TERMINAL = ("SUCCEEDED", "FAILED")
 PREPARE_MODULE = "workers.data.prepare"
-
-
-class DatasetRow(Base):
-    __tablename__ = "datasets"
-    __table_args__ = (Index("ix_datasets_owner_created", "owner", "created_at"),)
-
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    owner: Mapped[str] = mapped_column(String(200))
-    state: Mapped[str] = mapped_column(String(16))
-    request: Mapped[dict[str, Any]] = mapped_column(JSON)
-    submission_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    created_at: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[float] = mapped_column(Float)
 
 
 @dataclass(frozen=True)
@@ -53,18 +34,22 @@ class PrepareRequest:
     format: str = "text"
     text_field: str = "text"
 
-    def entrypoint(self, python: str) -> str:
-        args = [
+    def args(self) -> tuple[str, ...]:
+        """`python -m workers.data.prepare`'s arguments for this request."""
+        return (
             self.source,
-            "--tokenizer",
-            self.tokenizer,
-            "--out",
-            self.out,
-            "--format",
-            self.format,
-        ]
-        args += ["--text-field", self.text_field, "--json-progress"]
-        return " ".join([shlex.quote(python), "-m", PREPARE_MODULE, *map(shlex.quote, args)])
+            *("--tokenizer", self.tokenizer, "--out", self.out, "--format", self.format),
+            *("--text-field", self.text_field, "--json-progress"),
+        )
+
+    def task(self, dataset_id: str) -> TaskRequest:
+        """The cluster task that prepares dataset `dataset_id`."""
+        return TaskRequest(
+            task_id=f"dataset-{dataset_id}",
+            module=PREPARE_MODULE,
+            args=self.args(),
+            metadata={"ringtrain_dataset_id": dataset_id},
+        )
 
 
 def parse_log(text: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
@@ -89,73 +74,47 @@ def parse_log(text: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None, 
 
 
 class DatasetService:
-    """The datasets table and the prepare jobs behind it."""
+    """The prepare runs behind `/v1/datasets`: rows in `store.datasets`, tasks through the
+    launcher's protocol only (whatever runs them: a shared Ray cluster or Kueue's RayJobs)."""
 
-    def __init__(self, engine: Engine, launcher: Launcher) -> None:
-        self.engine, self.launcher = engine, launcher
-
-    def _client(self) -> Any:
-        address, headers = (
-            getattr(self.launcher, "address", None),
-            getattr(self.launcher, "headers", None),
-        )
-        if address is None:
-            raise RuntimeError(
-                "preparing datasets on the cluster needs a Ray cluster (RINGTRAIN_RAY_ADDRESS)"
-            )
-        from ray.job_submission import JobSubmissionClient
-
-        return JobSubmissionClient(address, headers=dict(headers or {}))
+    def __init__(self, datasets: Datasets, launcher: Launcher) -> None:
+        self.datasets, self.launcher = datasets, launcher
 
     def create(self, owner: str, req: PrepareRequest) -> dict[str, Any]:
-        """Store the row and submit its Ray job; a failed submission leaves a FAILED row saying
-        why."""
+        """Store the row and start its task; a failed start leaves a FAILED row saying why."""
         now = time.time()
         dataset_id = "d" + secrets.token_hex(6)
-        submission_id = f"ringtrain-dataset-{dataset_id}"
-        with Session(self.engine) as s, s.begin():
-            s.add(
-                DatasetRow(
-                    id=dataset_id,
-                    owner=owner,
-                    state="QUEUED",
-                    request=req.__dict__,
-                    submission_id=submission_id,
-                    created_at=now,
-                    updated_at=now,
-                )
+        task = req.task(dataset_id)
+        self.datasets.add(
+            DatasetRow(
+                id=dataset_id,
+                owner=owner,
+                state="QUEUED",
+                request=req.__dict__,
+                submission_id=task.submission_id,
+                created_at=now,
+                updated_at=now,
             )
-        python = getattr(self.launcher, "python", "python")
+        )
         try:
-            self._client().submit_job(
-                entrypoint=req.entrypoint(python),
-                submission_id=submission_id,
-                runtime_env={"env_vars": dict(getattr(self.launcher, "extra_env", {}) or {})},
-                metadata={"ringtrain_dataset_id": dataset_id},
+            sid = self.launcher.run_task(task)
+        except Exception as e:  # the cluster's API refused or is unreachable, no cluster, ...
+            self.datasets.update(
+                dataset_id, state="FAILED", error=f"could not start the prepare on the cluster: {e}"
             )
-        except Exception as e:  # the Jobs API raises RuntimeError, connection errors, ...
-            self._update(
-                dataset_id, state="FAILED", error=f"could not submit the prepare to Ray: {e}"
-            )
+        else:
+            if sid != task.submission_id:
+                self.datasets.update(dataset_id, submission_id=sid)
         found = self.get(dataset_id, owner)
         assert found is not None
         return found
 
-    def _update(self, dataset_id: str, **fields: Any) -> None:
-        with Session(self.engine) as s, s.begin():
-            row = s.get(DatasetRow, dataset_id)
-            if row is not None:
-                for k, v in fields.items():
-                    setattr(row, k, v)
-                row.updated_at = time.time()
-
     def refresh(self, dataset_id: str) -> None:
-        """Bring an unfinished row up to date from its Ray job's status and output."""
-        with Session(self.engine) as s:
-            row = s.get(DatasetRow, dataset_id)
-            if row is None or row.state in TERMINAL or row.submission_id is None:
-                return
-            sid = row.submission_id
+        """Bring an unfinished row up to date from its task's status and output."""
+        row = self.datasets.get(dataset_id)
+        if row is None or row.state in TERMINAL or row.submission_id is None:
+            return
+        sid = row.submission_id
         try:
             info = self.launcher.status(sid)
             log = self.launcher.logs(sid)
@@ -170,36 +129,29 @@ class DatasetService:
         ):
             fields.update(
                 state="FAILED",
-                error=error or info.message or f"the prepare job ended {info.status.value}",
+                error=error or info.message or f"the prepare ended {info.status.value}",
+            )
+        elif info.status is DriverStatus.UNKNOWN:  # never again known: it would wait forever
+            fields.update(
+                state="FAILED",
+                error=f"the cluster no longer knows the prepare ({info.message}); "
+                "prepare again: a finished prepare makes that a no-op",
             )
         elif info.status is DriverStatus.RUNNING:
             fields["state"] = "RUNNING"
-        if fields:
-            self._update(dataset_id, **fields)
+        if any(getattr(row, k) != v for k, v in fields.items()):  # a write only for news
+            self.datasets.update(dataset_id, **fields)
 
     def get(self, dataset_id: str, owner: str) -> dict[str, Any] | None:
         self.refresh(dataset_id)
-        with Session(self.engine) as s:
-            row = s.get(DatasetRow, dataset_id)
-            return None if row is None or row.owner != owner else as_dict(row)
+        row = self.datasets.get(dataset_id)
+        return None if row is None or row.owner != owner else as_dict(row)
 
     def list(self, owner: str, limit: int = 100) -> list[dict[str, Any]]:
-        with Session(self.engine) as s:
-            ids = s.scalars(
-                select(DatasetRow.id)
-                .where(DatasetRow.owner == owner)
-                .order_by(DatasetRow.created_at.desc())
-                .limit(limit)
-            ).all()
+        ids = self.datasets.ids(owner, limit)
         for i in ids:
             self.refresh(i)
-        with Session(self.engine) as s:
-            rows = s.scalars(
-                select(DatasetRow)
-                .where(DatasetRow.id.in_(ids))
-                .order_by(DatasetRow.created_at.desc())
-            )
-            return [as_dict(r) for r in rows]
+        return [as_dict(r) for r in self.datasets.rows(ids)]
 
 
 def as_dict(row: DatasetRow) -> dict[str, Any]:

@@ -5,8 +5,9 @@ The RayJob is the overlay's template (ConfigMap `ringtrain-rayjob-template`, mou
 the job filled in: its name (the submission id), the Kueue priority class, the driver's environment
 and the gpu group's size. It is created suspended; Kueue admits it when its ClusterQueue's quota
 allows, KubeRay then starts the cluster and runs `python -m workers.driver`, which reports over HTTP
-exactly as on the shared cluster. The control plane only creates, reads and deletes RayJobs
-(namespace-scoped RBAC in the overlay).
+exactly as on the shared cluster. A one-off task (`run_task`: a dataset's prepare) is a RayJob
+of its own too, from the same template (`rayjob_for_task`). The control plane only creates, reads
+and deletes RayJobs (namespace-scoped RBAC in the overlay).
 
 Why plain HTTP and not the `kubernetes` client: four REST calls on one resource, with the pod's
 service-account token and CA; the client library would be the largest dependency of the control
@@ -30,7 +31,7 @@ from typing import Any
 import httpx
 import yaml
 
-from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest
+from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest, TaskRequest
 from service.ray_jobs import DRIVER_MODULE, driver_environment, submission_id_for
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -234,6 +235,45 @@ def rayjob_for(
     return job
 
 
+def rayjob_for_task(
+    template: dict[str, Any], task: TaskRequest, *, python: str = "python"
+) -> dict[str, Any]:
+    """The RayJob that runs a one-off task (a dataset's prepare): the template with the task's
+    entrypoint and environment, Kueue's normal priority, and one worker pod without GPUs (a task
+    here is CPU work: tokenizing), sized to `task.cpus` when that is less than the template's pod,
+    which gets the same share of its memory and shared memory. Admitted, run and torn down exactly
+    like a job's RayJob."""
+    name = task.submission_id.lower()
+    if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+        raise ValueError(
+            f"task id {task.task_id!r} gives RayJob name {name!r}, "
+            f"not a DNS label of <= {MAX_NAME} chars"
+        )
+    job = copy.deepcopy(template)
+    meta = job.setdefault("metadata", {})
+    meta["name"] = name
+    meta.pop("namespace", None)
+    meta.setdefault("labels", {}).update(
+        {"kueue.x-k8s.io/priority-class": priority_class(0), "ringtrain.io/task-id": task.task_id}
+    )
+    body = job["spec"]
+    body["entrypoint"] = task.entrypoint(python)
+    env = {**task.env, "PYTHONUNBUFFERED": "1"}
+    body["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": env}, sort_keys=True)
+    body["suspend"] = True  # Kueue un-suspends it on admission
+
+    cpus, _ = pod_shape(job)
+    group = body["rayClusterSpec"]["workerGroupSpecs"][0]
+    group.update(replicas=1, minReplicas=1, maxReplicas=1)
+    resources = group["template"]["spec"]["containers"][0].setdefault("resources", {})
+    for kind in ("requests", "limits"):
+        resources.get(kind, {}).pop(GPU, None)
+    (group.get("rayStartParams") or {}).pop("num-gpus", None)
+    if task.cpus is not None and task.cpus < cpus:
+        _shrink_pod(group, task.cpus / cpus, task.cpus)
+    return job
+
+
 def status_of(rayjob: dict[str, Any]) -> DriverInfo:
     """KubeRay's view of a RayJob as a driver status (`jobDeploymentStatus` is KubeRay's,
     `jobStatus` Ray's).
@@ -309,6 +349,14 @@ class KubeRayJobLauncher:
         self._call(
             "POST", self.path, (200, 201, 202, 409), json=job
         )  # 409: this attempt's RayJob exists already
+        return str(job["metadata"]["name"])
+
+    def run_task(self, task: TaskRequest) -> str:
+        """A RayJob of its own (`rayjob_for_task`), queued in Kueue like a job's."""
+        job = rayjob_for_task(self.template, task, python=self.python)
+        self._call(
+            "POST", self.path, (200, 201, 202, 409), json=job
+        )  # 409: this task's RayJob exists already
         return str(job["metadata"]["name"])
 
     def find(self, job_id: str, attempt: int) -> str | None:

@@ -1,11 +1,16 @@
 """The seam between the control plane and the cluster: how a job's driver is started and watched.
 
-`service.ray_jobs.RayJobLauncher` implements it with Ray's Job Submission API. The store and the API
-only know this protocol, so the lifecycle code reads the same whatever runs the drivers.
+`service.ray_jobs.RayJobLauncher` implements it with Ray's Job Submission API, and
+`service.kuberay_jobs.KubeRayJobLauncher` with one KubeRay RayJob per submission (Kueue mode). The
+store and the API only know this protocol, so the lifecycle code reads the same whatever runs the
+drivers. Besides job drivers, a launcher runs one-off tasks (`run_task`: a dataset's prepare),
+watched through the same `status`, `logs` and `stop`.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -31,6 +36,31 @@ class LaunchRequest:
     delivered_through: int = (
         0  # the store holds every point of steps <= this (the new driver replays the rest)
     )
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """A one-off command on the cluster that is not a training job (no driver protocol, no ingest
+    token): `python -m <module> <args>` with the cluster's own interpreter and `env`. Its output
+    (`logs`) is how it reports. `cpus`: what it needs for its own work (`None`: the launcher's
+    default, which on per-job clusters is one CPU-only worker pod of the template)."""
+
+    task_id: str
+    module: str
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: float | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def submission_id(self) -> str:
+        """Deterministic per task (a retried `run_task` finds the same submission); a DNS label
+        for ids made of lowercase letters, digits and dashes."""
+        return "ringtrain-" + re.sub(r"[^A-Za-z0-9_-]", "-", self.task_id)[:100]
+
+    def entrypoint(self, python: str) -> str:
+        """The shell command line, quoted, for the cluster's interpreter `python`."""
+        return " ".join(shlex.quote(a) for a in (python, "-m", self.module, *self.args))
 
 
 class DriverStatus(StrEnum):
@@ -111,3 +141,9 @@ class Launcher(Protocol):
     def logs(self, submission_id: str) -> str: ...
 
     def cluster(self) -> ClusterInfo: ...
+
+    def run_task(self, task: TaskRequest) -> str:
+        """Start a one-off task (`TaskRequest`); returns its submission id (`task.submission_id`),
+        whose `status`, `logs` and `stop` are read like a driver's. The same task again finds the
+        running one instead of starting a second."""
+        ...

@@ -145,3 +145,22 @@ class LeaderLease(Base):
     renewed_at: Mapped[float] = mapped_column(Float, default=0.0)
     host: Mapped[str | None] = mapped_column(String(200), nullable=True)
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class DatasetRow(Base):
+    """One `POST /v1/datasets`: a prepare run on the cluster (`service.datasets`), its request,
+    the submission that runs it, its last progress and, once done, the dataset's summary."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (Index("ix_datasets_owner_created", "owner", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    submission_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)

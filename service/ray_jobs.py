@@ -24,7 +24,14 @@ from typing import Any
 
 import httpx
 
-from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest, NodeInfo
+from service.launcher import (
+    ClusterInfo,
+    DriverInfo,
+    DriverStatus,
+    LaunchRequest,
+    NodeInfo,
+    TaskRequest,
+)
 from workers.protocol import DriverEnv
 
 log = logging.getLogger(__name__)
@@ -125,6 +132,25 @@ class RayJobLauncher:
                 metadata={"ringtrain_job_id": req.job_id[:200], "attempt": str(req.attempt)},
                 entrypoint_num_cpus=self.entrypoint_num_cpus,
                 entrypoint_resources=self.entrypoint_resources or None,
+            )
+        except RuntimeError as e:
+            if _ray_error(e) is not _RayError.EXISTS:
+                raise
+            log.info("Ray job %s already submitted; not submitting again", sid)
+        return sid
+
+    def run_task(self, task: TaskRequest) -> str:
+        """A Ray job on the shared cluster. Its entrypoint asks for `task.cpus` (default none: it
+        only plans and waits, its Ray tasks ask for their own); no `entrypoint_resources`, which
+        are the drivers' group's."""
+        sid = task.submission_id
+        try:
+            self._client.submit_job(
+                entrypoint=task.entrypoint(self.python),
+                submission_id=sid,
+                runtime_env={"env_vars": {**self.extra_env, **task.env}},
+                metadata={k: v[:200] for k, v in task.metadata.items()},
+                entrypoint_num_cpus=task.cpus or 0.0,
             )
         except RuntimeError as e:
             if _ray_error(e) is not _RayError.EXISTS:

@@ -1,10 +1,10 @@
 """/v1/datasets: prepare a corpus on the cluster, list prepared datasets, follow one's progress.
 
-A prepare runs as a Ray job (`service.datasets`); its row is refreshed from Ray whenever it is read,
-and `/events` streams the row (Server-Sent Events, one `progress` event per change, a final `done`)
-until the prepare ends. Source, output and tokenizer paths must lie inside the allowed data roots
-(`RINGTRAIN_DATA_ROOTS`), as a job's `data.path` must. Another owner's dataset is a 404, as
-everywhere.
+A prepare runs as a task on the cluster (`service.datasets`); its row is refreshed from the cluster
+whenever it is read, and `/events` streams the row (Server-Sent Events, one `progress` event per
+change, a final `done`) until the prepare ends. Source, output and tokenizer paths must lie inside
+the allowed data roots (`RINGTRAIN_DATA_ROOTS`), as a job's `data.path` must. Another owner's
+dataset is a 404, as everywhere.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class DatasetOut(BaseModel):
 def _service(request: Request, ctx: Any) -> DatasetService:
     svc: DatasetService | None = getattr(request.app.state, "datasets", None)
     if svc is None:
-        svc = request.app.state.datasets = DatasetService(ctx.store.db.engine, ctx.launcher)
+        svc = request.app.state.datasets = DatasetService(ctx.store.datasets, ctx.launcher)
     return svc
 
 

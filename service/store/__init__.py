@@ -6,6 +6,7 @@
     store.tokens   tokens.py   per-attempt ingest tokens (hashes only)
     store.audit    audit.py    who did what through the API
     store.leases   leases.py   the leader lease of the control plane (replicas)
+    store.datasets datasets.py prepared datasets: one row per prepare run on the cluster
 
 Shared plumbing (sessions, the per-job write lock, event seqs) is `database.py`; events are built in
 `events.py` only, and published after each commit to the listeners registered on the `EventBus`.
@@ -18,6 +19,7 @@ from sqlalchemy import Engine
 
 from service.store.audit import Audit
 from service.store.database import Database
+from service.store.datasets import Datasets
 from service.store.errors import JobEnded, JobNotFound, ReportGap, StoreError
 from service.store.events import Event, EventBus
 from service.store.jobs import Jobs
@@ -28,6 +30,7 @@ from service.store.tokens import Tokens, hash_token
 __all__ = [
     "Audit",
     "Database",
+    "Datasets",
     "Deposed",
     "Event",
     "EventBus",
@@ -58,6 +61,7 @@ class Store:
         self.tokens = Tokens(self.db)
         self.audit = Audit(self.db)
         self.leases = Leases(self.db)
+        self.datasets = Datasets(self.db)
 
     @property
     def bus(self) -> EventBus:

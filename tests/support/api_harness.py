@@ -17,7 +17,14 @@ import uvicorn
 
 from api.app import create_app
 from service.db import upgrade
-from service.launcher import ClusterInfo, DriverInfo, DriverStatus, LaunchRequest, NodeInfo
+from service.launcher import (
+    ClusterInfo,
+    DriverInfo,
+    DriverStatus,
+    LaunchRequest,
+    NodeInfo,
+    TaskRequest,
+)
 from service.settings import Settings
 from tests.support.dist import free_port
 from workers.protocol import JobState
@@ -37,7 +44,7 @@ TINY_SPEC: dict[str, Any] = {
 
 @dataclass
 class RecordingLauncher:
-    """Records submits and stops; `status` answers from `statuses` (default RUNNING)."""
+    """Records submits, tasks and stops; `status` answers from `statuses` (default RUNNING)."""
 
     nodes: list[NodeInfo] = field(
         default_factory=lambda: [
@@ -46,6 +53,7 @@ class RecordingLauncher:
         ]
     )
     submits: list[LaunchRequest] = field(default_factory=list)
+    tasks: list[TaskRequest] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
     statuses: dict[str, DriverInfo] = field(default_factory=dict)
     fail_submits: int = 0
@@ -59,6 +67,11 @@ class RecordingLauncher:
                 raise ConnectionError("Ray dashboard unreachable")
             self.submits.append(req)
             return f"ringtrain-{req.job_id}-{req.attempt}"
+
+    def run_task(self, task: TaskRequest) -> str:
+        with self.lock:
+            self.tasks.append(task)
+        return task.submission_id
 
     def find(self, job_id: str, attempt: int) -> str | None:
         with self.lock:
