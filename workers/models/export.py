@@ -103,17 +103,23 @@ def llama_config_for(model: Transformer, max_position_embeddings: int) -> Any:
 
 
 def save_pretrained(
-    model: nn.Module, out_dir: str | Path, *, max_position_embeddings: int | None = None
+    model: nn.Module,
+    out_dir: str | Path,
+    *,
+    max_position_embeddings: int | None = None,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write `model` as a transformers directory (weights, config, tokenizer). Collective for
     sharded models.
 
     The directory appears complete or not at all (written beside it, then renamed; an older export
     is replaced). `max_position_embeddings` (native models) records the context the model was
-    trained for.
+    trained for. `state`: the whole model's weights already gathered on rank 0 (a pipeline's
+    stages, `workers.training.pipeline.full_state`); `model` then only names the kind and config.
     """
     out = Path(out_dir)
-    state = _full_state_dict(model)
+    if state is None:
+        state = _full_state_dict(model)
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return out
     staging = out.with_name(out.name + ".partial")

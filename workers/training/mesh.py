@@ -1,4 +1,5 @@
-"""The job's device mesh: `data_parallel × ring × ulysses × tp`, named dims, flattened for sharding.
+"""The job's device mesh: `[pp ×] data_parallel × ring × ulysses × tp`, named dims, flattened for
+sharding.
 
 Rank = ((dp_index · ring_size + ring_rank) · ulysses_size + ulysses_rank) · tensor_size + tp_rank
 (`workers.parallel_dims`): a tensor group is a contiguous block of ranks, a Ulysses group a block
@@ -11,6 +12,11 @@ sharded over every dimension but the tensor one: FSDP uses dp × ring × ulysses
 dimension (`shard_mesh`, torchtitan's `dp_shard_cp`), and its reduce-scatter is the gradient sum.
 The tensor dimension (`tp_mesh`) splits heads and MLP columns instead (`parallelize`); its ranks
 hold the same tokens, so they are not part of the sum.
+
+Pipeline parallelism (`parallel.pipeline_size` P > 1) adds `pp` as the outermost dimension: each
+pipeline rank's slice is the 4-D mesh above, holding its stages' layers only, and `shard_mesh` is
+that slice's dp × ring × ulysses (a stage's gradients are summed over its own slice; the stages
+hold different parameters). Without a pipeline the mesh stays 4-D, exactly as before.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from workers.data.batch import Batch, take_shard
 from workers.parallel_dims import ParallelDims, RankCoordinates
 
 DIMS = ("dp", "ring", "ulysses", "tp")
+PP_DIM = "pp"
 SHARD_DIMS = ("dp", "ring", "ulysses")
 SHARD_DIM = "dp_ring_ulysses"
 
@@ -57,6 +64,19 @@ class Mesh:
     @property
     def tensor_size(self) -> int:
         return self.dims.tensor_size
+
+    @property
+    def pipeline_size(self) -> int:
+        return self.dims.pipeline_size
+
+    @property
+    def pp_rank(self) -> int:
+        return self.at.pp_rank
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The pipeline's stage-to-stage group (None without pipeline parallelism)."""
+        return self.groups.get(PP_DIM) if self.pipeline_size > 1 else None
 
     @property
     def at(self) -> RankCoordinates:
@@ -138,6 +158,9 @@ def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> Mesh:
     if world != dims.world_size:
         raise RuntimeError(f"world size {world} != {dims.describe()}")
     shape = (dims.data_parallel, dims.ring_size, dims.ulysses_size, dims.tensor_size)
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=DIMS)
-    groups = {dim: mesh[dim].get_group() for dim in DIMS}
+    names = DIMS
+    if dims.pipeline_size > 1:  # outermost: a pipeline rank's slice is one contiguous block
+        shape, names = (dims.pipeline_size, *shape), (PP_DIM, *DIMS)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    groups = {dim: mesh[dim].get_group() for dim in names}
     return Mesh(dims, rank, mesh, mesh[SHARD_DIMS]._flatten(SHARD_DIM), groups)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -59,11 +60,14 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Lambd
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(
+    params: list[nn.Parameter], max_norm: float, across: dist.ProcessGroup | None = None
+) -> float:
     """Global L2 norm of the (already reduced) gradients, before clipping; clips in place if
-    max_norm > 0."""
+    max_norm > 0. `across`: ranks holding *other* parameters (the pipeline's stages), whose squared
+    norms add to this one's (collective over that group)."""
     with_grad = [p for p in params if p.grad is not None]
-    if not with_grad:
+    if not with_grad and across is None:
         return 0.0
     by_mesh: dict[object, list[torch.Tensor]] = {}
     for p in with_grad:
@@ -75,7 +79,13 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
         norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
         # collective: the norm over every rank's shards
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:  # a pipeline rank without gradients still joins the sum below
+        norms.append(torch.zeros(()))
     total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
+    if across is not None:
+        square = total.detach().float() ** 2
+        dist.all_reduce(square, group=across)
+        total = square.sqrt()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, total, foreach=False)
     return float(total)

@@ -77,18 +77,29 @@ def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(cast_forward_inputs=False)
 
 
+def blocks_of(model: nn.Module) -> list[tuple[int | str, nn.Module]]:
+    """(key, block) of `model.layers`: a ModuleList (a whole model), or a ModuleDict keyed by the
+    original layer index (a pipeline stage, `workers.training.pipeline`: its FQNs keep them)."""
+    layers = model.layers
+    if isinstance(layers, nn.ModuleDict):
+        return list(layers.items())
+    return list(enumerate(layers))  # type: ignore[arg-type]
+
+
 def apply_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each block's activations in backward (non-reentrant: composes with FSDP's
     hooks)."""
-    layers: nn.ModuleList = model.layers  # type: ignore[assignment]
-    for i, block in enumerate(layers):
-        layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    layers = model.layers
+    for i, block in blocks_of(model):
+        layers[i] = checkpoint_wrapper(  # type: ignore[index]
+            block, checkpoint_impl=CheckpointImpl.NO_REENTRANT
+        )
 
 
 def apply_mlp_checkpointing(model: nn.Module) -> None:
     """Selective: recompute each block's MLP in backward (its forward patched, so names stay
     unchanged)."""
-    for block in model.layers:  # type: ignore[union-attr]
+    for _, block in blocks_of(model):
         mlp: nn.Module = block.mlp
         inner = mlp.forward
 
@@ -103,7 +114,7 @@ def apply_mlp_checkpointing(model: nn.Module) -> None:
 
 def apply_tiled_mlp(model: nn.Module, tiled_mlp: str | int, d_model: int) -> None:
     """Each block's MLP over `mlp_tiles(tiled_mlp, local tokens, d_model)` token tiles."""
-    for block in model.layers:  # type: ignore[union-attr]
+    for _, block in blocks_of(model):
         tile_mlp(block.mlp, lambda tokens: mlp_tiles(tiled_mlp, tokens, d_model))
 
 
@@ -112,10 +123,11 @@ def apply_fsdp(model: nn.Module, mesh: Mesh, device: torch.device) -> None:
     `forward`."""
     assert mesh.shard_mesh is not None
     policy = mixed_precision(device)
-    for block in model.layers:  # type: ignore[union-attr]
+    for _, block in blocks_of(model):
         fully_shard(block, mesh=mesh.shard_mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh.shard_mesh, mp_policy=policy)
-    register_fsdp_forward_method(model, "features")
+    if hasattr(model, "features"):  # a pipeline stage has only forward
+        register_fsdp_forward_method(model, "features")
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -146,7 +158,9 @@ def parallelize(
         apply_mlp_checkpointing(model)
     if mode == "full":
         apply_activation_checkpointing(model)
-    blocks: nn.ModuleList = model.layers  # type: ignore[assignment]
+    blocks = model.layers
+    if not isinstance(blocks, nn.ModuleList):
+        blocks = nn.ModuleList(block for _, block in blocks_of(model))
     offload = offload_block_inputs(blocks, device) if knobs.offload_activations else None
     if mesh.shard_mesh is not None:
         apply_fsdp(model, mesh, device)
@@ -155,6 +169,9 @@ def parallelize(
 
 def _hidden_size(model: nn.Module) -> int:
     """d_model of any model kind: the LM head is [vocab, hidden] (`RingModel.output_weight`)."""
+    d_model = getattr(model, "d_model", None)  # a pipeline stage may not hold the head
+    if isinstance(d_model, int):
+        return d_model
     if not isinstance(model, RingModel):
         raise TypeError(f"a tiled MLP needs a RingModel, not a {type(model).__name__}")
     return int(model.output_weight.shape[1])

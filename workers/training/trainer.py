@@ -18,6 +18,11 @@ weighted token losses (chunked: no whole-shard fp32 logits); FSDP's reduce-scatt
 gradients over all ranks, a small all-reduce sums the token weights, and the gradient shards are
 divided by the global weight — the global token mean, identical to single-process training on the
 same batch.
+
+Pipeline parallel (`parallel.pipeline_size` > 1, `workers.training.pipeline`): the model is this
+rank's stages, the step runs the schedule over `train.microbatches` microbatches, each the sum of
+its token losses on the last stage; the same division by the global weight follows, and the
+gradient norm is summed over the pipeline ranks.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ from workers.training.materialize import materialize, skeleton
 from workers.training.memory import PeakMemory
 from workers.training.mesh import build_mesh
 from workers.training.optim import build_optimizer, build_scheduler, clip_grad_norm, state_bytes
-from workers.training.parallelize import parallelize
+from workers.training.parallelize import Parallelized, parallelize
+from workers.training.pipeline import Pipeline, build_pipeline, full_state
 from workers.training.ruler_eval import ruler_scores
 from workers.training.validation import validation_loss
 from workers.training.verify import VerificationFailed, verify
@@ -121,14 +127,20 @@ class Trainer:
         self.mesh = build_mesh(ParallelDims.of(spec.parallel), self.device.type)
         torch.manual_seed(spec.train.seed)
         self.model = skeleton(spec)
-        self.parallelized = parallelize(
-            self.model,
-            self.mesh,
-            self.device,
-            spec.train.knobs,
-        )
+        self.pipeline: Pipeline | None = None
+        if self.mesh.pipeline_size > 1:
+            self.pipeline = build_pipeline(self.model, spec, self.mesh, self.device)
+            self.model = self.pipeline.model  # type: ignore[assignment]  # this rank's stages
+            self.parallelized = Parallelized()
+        else:
+            self.parallelized = parallelize(
+                self.model,
+                self.mesh,
+                self.device,
+                spec.train.knobs,
+            )
+            materialize(self.model, spec, self.device)
         self.offload = self.parallelized.offload
-        materialize(self.model, spec, self.device)
         self.model.set_sequence_parallel(
             SequenceParallel(self.mesh.ring_group, spec.parallel.layout, self.mesh.ulysses_group)
         )
@@ -241,6 +253,15 @@ class Trainer:
             longest = max(
                 max(s.spec.data.seq_len, *s.spec.eval_context_lengths()) for s in self.stages
             )
+            if self.pipeline is not None:  # the stages' weights, gathered on rank 0
+                state = full_state(self.pipeline.model, self.mesh.dims.stage_size)
+                save_pretrained(
+                    self.pipeline.whole,
+                    self.checkpoint_dir / "model",
+                    max_position_embeddings=longest,
+                    state=state,
+                )
+                return
             save_pretrained(
                 self.model, self.checkpoint_dir / "model", max_position_embeddings=longest
             )
@@ -302,7 +323,11 @@ class Trainer:
         the reduce).
 
         The head runs inside the chunked loss: after `features` the root's parameters (the head
-        among them) are still gathered, and FSDP reduces their gradients at the end of backward."""
+        among them) are still gathered, and FSDP reduces their gradients at the end of backward.
+        Under pipeline parallel the schedule runs every microbatch (0 on ranks without the last
+        stage)."""
+        if self.pipeline is not None:
+            return self.pipeline.step(local)
         with _autocast(self.device):
             # packed documents: RoPE positions restart per document, attention stays inside each one
             positions = local.positions if local.doc_positions is None else local.doc_positions
@@ -322,8 +347,10 @@ class Trainer:
         Returns [loss sum, token weight, stop flag], each summed over the ranks; collective."""
         loss_sum = self.forward_backward(local)
         stop_flag = 1.0 if self.stop is not None and self.stop.is_set() else 0.0
-        # a tensor group's ranks hold the same tokens: count them once (on tensor rank 0)
-        counted = 1.0 if self.mesh.tp_rank == 0 else 0.0
+        # a tensor group's ranks hold the same tokens: count them once (on tensor rank 0); the
+        # pipeline's stages too (on the last, which holds the loss)
+        last_stage = self.mesh.pp_rank == self.mesh.pipeline_size - 1
+        counted = 1.0 if self.mesh.tp_rank == 0 and last_stage else 0.0
         stats = torch.stack(
             [
                 loss_sum * counted,
@@ -350,7 +377,9 @@ class Trainer:
         local = self.local_batch()
         stats = self.backward_step(local)
         total_weight = stats[1].clamp_min(1e-12)
-        grad_norm = clip_grad_norm(self.params, self.spec.train.grad_clip)
+        grad_norm = clip_grad_norm(
+            self.params, self.spec.train.grad_clip, across=self.mesh.pp_group
+        )
         self.optimizer.step()
         held = state_bytes(self.params, self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
@@ -360,7 +389,7 @@ class Trainer:
         self.step += 1
         self.last_loss = float(stats[0] / total_weight)
         # every sequence-parallel rank holds an equal share of the global batch
-        tokens = local.inputs.numel() * (self.mesh.world // self.mesh.tensor_size)
+        tokens = local.inputs.numel() * self.mesh.dims.stage_size // self.mesh.tensor_size
         return StepStats(
             self.last_loss,
             lr,

@@ -1,0 +1,146 @@
+"""Pipeline parallel end to end: the same global batch trains the same model as one process.
+
+Each case trains 2 optimizer steps of a tiny native model (d_model 32, 4 layers, seq 64, fp32,
+CPU/gloo) on P pipeline ranks (`torch.distributed.pipelining`'s schedules over M microbatches),
+alone or with ring / data parallel inside each stage, and compares with one process on the same
+batch: the loss of every step (relative, 1e-5: what the ring equivalence tests allow), the grad
+norm of every step (summed over the stages) and every parameter after the last step, read back
+from the DCP checkpoint under its whole-model name (atol 5e-5, as in `test_train_equivalence`:
+AdamW moves each element by ~lr whatever its gradient, so a ~0 gradient that changes sign under
+reordering costs up to that; a wrong or missing microbatch costs ~lr = 3e-3).
+
+Checkpoints reshard across pipeline sizes like every other axis: pp 2 x ring 2 -> ring 2, and
+ring 2 -> pp 2 x ring 2, continue the one-process curve and end on its weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.support.dist import run_distributed
+from tests.support.trainutil import final_weights, one_thread, series, tiny_spec, train
+
+assert one_thread  # autouse fixture, imported to apply to this module
+
+K = 2
+LOSS_RTOL = 1e-5
+PARAM_ATOL = 5e-5
+MEASURED: dict[str, tuple[float, float]] = {}
+
+
+def _spec(*, batch: int = 2, layers: int = 4, steps: int = K, m: int = 1, **parallel: Any) -> str:
+    return tiny_spec(
+        model={"n_layers": layers},
+        data={"seq_len": 64},
+        parallel={"ring_size": 1, **parallel},
+        train={"steps": steps, "batch_size": batch, "microbatches": m, "warmup_steps": 1},
+        checkpoint={"every_steps": 0},
+        verify={"enabled": False},
+    ).model_dump_json()
+
+
+def _run(world: int, spec: str, ckpt: Path, max_steps: int | None = None) -> dict[str, Any]:
+    if world == 1:
+        out = [train(0, 1, spec, str(ckpt), max_steps)]
+    else:
+        out = run_distributed(train, world, spec, str(ckpt), max_steps)
+    points = out[0]["points"]  # global series: one rank-less point per step, from rank 0
+    loss = [p for p in points if p["name"] == "loss"]
+    assert all(p["rank"] is None for p in loss)
+    assert all(not any(p["name"] == "loss" for p in o["points"]) for o in out[1:])
+    return {
+        "loss": series(points, "loss"),
+        "grad_norm": series(points, "grad_norm"),
+        "weights": final_weights(ckpt),
+    }
+
+
+def _compare(name: str, got: dict[str, Any], ref: dict[str, Any], steps: int = K) -> None:
+    assert len(got["loss"]) == len(ref["loss"]) == steps, (got["loss"], ref["loss"])
+    rel = 0.0
+    for what in ("loss", "grad_norm"):
+        for a, b in zip(got[what], ref[what], strict=True):
+            rel = max(rel, abs(a - b) / abs(b))
+    assert rel < LOSS_RTOL, (name, got["loss"], ref["loss"], got["grad_norm"], ref["grad_norm"])
+    # the same fully-qualified names as without a pipeline: a stage keeps its layers' indices
+    assert got["weights"].keys() == ref["weights"].keys()
+    worst = 0.0
+    for key, w in ref["weights"].items():
+        worst = max(worst, float((got["weights"][key] - w).abs().max()))
+        torch.testing.assert_close(got["weights"][key], w, rtol=0, atol=PARAM_ATOL, msg=key)
+    MEASURED[name] = (rel, worst)
+    print(f"MEASURED {name}: loss/grad-norm rel {rel:.1e}, parameter max abs {worst:.1e}")
+
+
+def _moved(ref: dict[str, Any], spec: str) -> float:
+    """How far training moved the weights from their initial values (the comparison is not
+    trivial when this is far above the tolerance)."""
+    from workers.config import JobSpec
+    from workers.models import build_model
+
+    job = JobSpec.model_validate_json(spec)
+    init = build_model(job.model, job.train.seed).state_dict()
+    return max(float((ref["weights"][k] - v).abs().max()) for k, v in init.items())
+
+
+@pytest.mark.multiprocess
+def test_pp2_equals_one_process(tmp_path: Path) -> None:
+    """Fast tier: 1F1B on 2 pipeline ranks, 2 microbatches of 1 row."""
+    ref = _run(1, _spec(), tmp_path / "ref")
+    assert _moved(ref, _spec()) > 20 * PARAM_ATOL
+    got = _run(2, _spec(pipeline_size=2, m=2), tmp_path / "pp2")
+    _compare("pp2", got, ref)
+
+
+CASES = {
+    # name: (world, spec keywords)
+    "pp2 x ring2": (4, {"pipeline_size": 2, "m": 2, "ring_size": 2}),
+    "pp2 interleaved_1f1b": (
+        2,
+        {"pipeline_size": 2, "m": 2, "pipeline_schedule": "interleaved_1f1b"},
+    ),
+    "pp2 zero_bubble": (2, {"pipeline_size": 2, "m": 2, "pipeline_schedule": "zero_bubble"}),
+    "pp2 x dp2": (4, {"pipeline_size": 2, "m": 2, "data_parallel": 2, "batch": 4}),
+    "pp3, 3 layers": (3, {"pipeline_size": 3, "m": 3, "batch": 3, "layers": 3}),
+    "pp3, 6 layers split 1/3/2": (
+        3,
+        {"pipeline_size": 3, "m": 3, "batch": 3, "layers": 6, "pipeline_split": [1, 3, 2]},
+    ),
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_pipeline_cases_equal_one_process(name: str, tmp_path: Path) -> None:
+    world, kw = CASES[name]
+    kw = dict(kw)
+    ref = _run(1, _spec(batch=kw.get("batch", 2), layers=kw.get("layers", 4)), tmp_path / "ref")
+    got = _run(world, _spec(**kw), tmp_path / "got")
+    _compare(name, got, ref)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_checkpoints_reshard_across_pipeline_sizes(tmp_path: Path) -> None:
+    """2 steps on one shape, 2 more resumed on the other, against 4 uninterrupted on one process."""
+    ref = _run(1, _spec(steps=4), tmp_path / "ref")
+    pp = {"pipeline_size": 2, "m": 2, "ring_size": 2}
+    ring = {"ring_size": 2}
+    for name, first, second in (
+        ("pp2 x ring2 -> ring2", pp, ring),
+        ("ring2 -> pp2 x ring2", ring, pp),
+    ):
+        ckpt = tmp_path / name.replace(" ", "")
+        head = _run(2 * first.get("pipeline_size", 1), _spec(steps=4, **first), ckpt, 2)
+        tail = _run(2 * second.get("pipeline_size", 1), _spec(steps=4, **second), ckpt)
+        got = {
+            "loss": head["loss"] + tail["loss"],
+            "grad_norm": head["grad_norm"] + tail["grad_norm"],
+            "weights": tail["weights"],
+        }
+        _compare(name, got, ref, steps=4)
