@@ -122,7 +122,7 @@ def pipeline_problem(spec: JobSpec) -> tuple[str, object, str] | None:
             "parallel.pipeline_size > 1 trains native models only (model.kind: native)",
         )
     stages = p.pipeline_stages
-    n_layers: int = spec.model.n_layers  # type: ignore[union-attr]
+    n_layers: int = spec.model.n_layers
     if n_layers < stages:
         return (
             "parallel.pipeline_size",

@@ -157,8 +157,13 @@ def build_mesh(dims: ParallelDims, device_type: str = "cpu") -> Mesh:
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != dims.world_size:
         raise RuntimeError(f"world size {world} != {dims.describe()}")
-    shape = (dims.data_parallel, dims.ring_size, dims.ulysses_size, dims.tensor_size)
-    names = DIMS
+    shape: tuple[int, ...] = (
+        dims.data_parallel,
+        dims.ring_size,
+        dims.ulysses_size,
+        dims.tensor_size,
+    )
+    names: tuple[str, ...] = DIMS
     if dims.pipeline_size > 1:  # outermost: a pipeline rank's slice is one contiguous block
         shape, names = (dims.pipeline_size, *shape), (PP_DIM, *DIMS)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)

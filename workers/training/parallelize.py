@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,23 +78,21 @@ def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(cast_forward_inputs=False)
 
 
-def blocks_of(model: nn.Module) -> list[tuple[int | str, nn.Module]]:
+def blocks_of(model: nn.Module) -> list[tuple[int | str, Any]]:
     """(key, block) of `model.layers`: a ModuleList (a whole model), or a ModuleDict keyed by the
     original layer index (a pipeline stage, `workers.training.pipeline`: its FQNs keep them)."""
-    layers = model.layers
+    layers: Any = model.layers
     if isinstance(layers, nn.ModuleDict):
         return list(layers.items())
-    return list(enumerate(layers))  # type: ignore[arg-type]
+    return list(enumerate(layers))
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each block's activations in backward (non-reentrant: composes with FSDP's
     hooks)."""
-    layers = model.layers
+    layers: Any = model.layers
     for i, block in blocks_of(model):
-        layers[i] = checkpoint_wrapper(  # type: ignore[index]
-            block, checkpoint_impl=CheckpointImpl.NO_REENTRANT
-        )
+        layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
 def apply_mlp_checkpointing(model: nn.Module) -> None:

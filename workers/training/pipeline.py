@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
+from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from workers.config import JobSpec
@@ -149,7 +151,7 @@ class Pipeline:
         tokens = torch.empty(mb, seq, dtype=torch.long, device="meta")
         hidden = torch.empty(mb, seq, cfg.d_model, dtype=dtype, device="meta", requires_grad=True)
         loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)
-        stages = []
+        stages: list[_PipelineStageBase] = []
         for index, module in zip(self.stage_indices, self.model.stage_modules, strict=True):
             stages.append(
                 PipelineStage(
@@ -275,9 +277,9 @@ def full_state(model: PipelineModel, stage_size: int) -> dict[str, torch.Tensor]
         whole = p.full_tensor() if isinstance(p, DTensor) else p
         mine[name.replace(WRAPPED, "")] = whole.detach().float().cpu()
     rank, world = dist.get_rank(), dist.get_world_size()
-    gathered: list[object] | None = [None] * world if rank == 0 else None
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(mine if rank % stage_size == 0 else {}, gathered, dst=0)
     state: dict[str, torch.Tensor] = {}
     for part in gathered or []:
-        state.update(part)  # type: ignore[arg-type]
+        state.update(part)
     return state
