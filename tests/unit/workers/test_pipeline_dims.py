@@ -9,7 +9,13 @@ import pydantic
 import pytest
 
 from tests.support.trainutil import tiny_spec
-from workers.parallel_dims import ParallelDims, RankAssignment, stage_layers, stage_rank
+from workers.parallel_dims import (
+    ParallelDims,
+    RankAssignment,
+    WorkerLocation,
+    stage_layers,
+    stage_rank,
+)
 
 
 def _pp(**over: Any) -> dict[str, Any]:
@@ -113,3 +119,16 @@ def test_valid_splits_pass() -> None:
     assert spec.parallel.pipeline_stages == 3
     inter = tiny_spec(**_pp(parallel={"pipeline_schedule": "interleaved_1f1b"}))
     assert inter.parallel.pipeline_stages == 4
+
+
+def test_placement_keeps_each_stage_on_one_node() -> None:
+    """pp 2 x ring 2 on two nodes of two: each stage's ring on one node, only pp hops cross.
+    Actors land interleaved over the nodes, as Ray may place bundles."""
+    dims = ParallelDims(ring_size=2, pipeline_size=2)
+    locations = [WorkerLocation(f"n{i % 2}", f"ip{i % 2}") for i in range(4)]
+    assignments = sorted(dims.order_ranks(locations), key=lambda a: a.rank)
+    stage_nodes = [
+        {a.node_id for a in assignments if dims.coordinates(a.rank).pp_rank == s} for s in range(2)
+    ]
+    assert [len(nodes) for nodes in stage_nodes] == [1, 1] and stage_nodes[0] != stage_nodes[1]
+    assert dims.node_crossings(assignments) == 0
