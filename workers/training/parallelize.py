@@ -138,18 +138,21 @@ def parallelize(
     mesh: Mesh,
     device: torch.device,
     knobs: MemoryKnobs | None = None,
+    *,
+    tensor_parallel: bool = True,
 ) -> Parallelized:
     """Tensor parallelism first (plain modules in, DTensor-split projections out), then the memory
     knobs (inside each FSDP unit, so FSDP's gather/free hooks stay outside the recomputed region),
     then FSDP. Knobs this rank cannot run (`MemoryKnobs.problem`, the rule the spec checked at
-    submission) raise ValueError."""
+    submission) raise ValueError. `tensor_parallel=False`: already applied (a pipeline splits the
+    whole model before cutting it into stages, `workers.training.pipeline`)."""
     knobs = knobs or MemoryKnobs()
     problem = knobs.problem(cuda=device.type == "cuda")
     if problem:
         raise ValueError(f"{problem[1]} (this rank runs on {device.type})")
     mode, tiled_mlp = knobs.activation_checkpointing, knobs.tiled_mlp
     tensor = None
-    if mesh.tp_mesh is not None:
+    if mesh.tp_mesh is not None and tensor_parallel:
         tensor = apply_tensor_parallel(model, mesh.tp_mesh, tiled_mlp=knobs.tiled)
     if knobs.tiled:
         apply_tiled_mlp(model, tiled_mlp, _hidden_size(model))

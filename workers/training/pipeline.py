@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -47,7 +48,8 @@ from workers.models.llama import Transformer, rope_tables
 from workers.parallel_dims import stage_layers, stage_rank
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.mesh import Mesh
-from workers.training.parallelize import blocks_of, parallelize
+from workers.training.parallelize import Parallelized, blocks_of, parallelize
+from workers.training.tensor_parallel import _to_full, _to_piece, apply_tensor_parallel
 
 WRAPPED = "_checkpoint_wrapped_module."
 
@@ -56,9 +58,20 @@ class StageModule(nn.Module):
     """One pipeline stage of the native model: `forward(tokens or hidden, positions, labels,
     weights)` -> the hidden states for the next stage, or (last stage) the loss sum."""
 
-    def __init__(self, model: Transformer, layers: range, *, first: bool, last: bool) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        layers: range,
+        *,
+        first: bool,
+        last: bool,
+        tp_mesh: DeviceMesh | None = None,
+    ) -> None:
         super().__init__()
         self.cfg = model.cfg
+        # tensor parallel: stages exchange the whole local sequence; inside, the residual stream
+        # is a tensor rank's piece, as between the embedding and the final norm of a whole model
+        self.tp_mesh = tp_mesh
         self.d_model = model.cfg.d_model
         self.sp: SequenceParallel | None = None
         self.tok_emb = model.tok_emb if first else None
@@ -84,10 +97,12 @@ class StageModule(nn.Module):
         with autocast:
             if self.tok_emb is not None:
                 x = self.tok_emb(x)
+            elif self.tp_mesh is not None:
+                x = _to_piece(x, self.tp_mesh)
             for _, block in blocks_of(self):
                 x = block(x, cos, sin, self.sp)
             if self.norm is None:
-                return x
+                return _to_full(x, self.tp_mesh) if self.tp_mesh is not None else x
             hidden = self.norm(x)
         head = self.head.weight if self.head is not None else None
         assert head is not None, "the last stage holds the head (tied embeddings are refused)"
@@ -131,6 +146,7 @@ class Pipeline:
     mesh: Mesh
     device: torch.device
     sum_gradients: bool = False  # stages without FSDP: sum gradients over the slice after a step
+    parallelized: Parallelized = field(default_factory=Parallelized)  # TP gradients to finish
     _schedule: object = None
     _shape: tuple[int, ...] | None = None
 
@@ -217,14 +233,26 @@ def build_pipeline(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.de
     # every parameter's name and full shape, in the order `init_weights` draws them
     order = [(name, param.shape) for name, param in model.named_parameters()]
     local = [s for s in range(num_stages) if stage_rank(s, p.pipeline_size) == mesh.pp_rank]
-    modules = [StageModule(model, ranges[s], first=s == 0, last=s == num_stages - 1) for s in local]
+    # tensor parallel on the whole model first (its embedding and final-norm hooks included), so
+    # every stage's blocks are split exactly as without a pipeline
+    tensor = None
+    if mesh.tp_mesh is not None:
+        tensor = apply_tensor_parallel(model, mesh.tp_mesh, tiled_mlp=spec.train.knobs.tiled)
+    modules = [
+        StageModule(model, ranges[s], first=s == 0, last=s == num_stages - 1, tp_mesh=mesh.tp_mesh)
+        for s in local
+    ]
     # zero_bubble's deferred weight gradients (`stage_backward_weight`) are formed after FSDP has
     # resharded the stage, and land beside its sharded gradients: its stages stay whole (no FSDP)
     # and their gradients are summed over the stage's slice after the schedule instead
     fsdp = p.pipeline_schedule != "zero_bubble"
     for module in modules:
         parallelize(
-            module, mesh if fsdp else replace(mesh, shard_mesh=None), device, spec.train.knobs
+            module,
+            mesh if fsdp else replace(mesh, shard_mesh=None),
+            device,
+            spec.train.knobs,
+            tensor_parallel=False,
         )
         module.to_empty(device=device)
     whole = PipelineModel(modules)
@@ -239,6 +267,7 @@ def build_pipeline(model: nn.Module, spec: JobSpec, mesh: Mesh, device: torch.de
         mesh,
         device,
         sum_gradients=not fsdp,
+        parallelized=Parallelized(tensor=tensor),
     )
 
 

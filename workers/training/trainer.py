@@ -58,7 +58,7 @@ from workers.training.materialize import materialize, skeleton
 from workers.training.memory import PeakMemory
 from workers.training.mesh import build_mesh
 from workers.training.optim import build_optimizer, build_scheduler, clip_grad_norm, state_bytes
-from workers.training.parallelize import Parallelized, parallelize
+from workers.training.parallelize import parallelize
 from workers.training.pipeline import Pipeline, build_pipeline, full_state
 from workers.training.ruler_eval import ruler_scores
 from workers.training.validation import validation_loss
@@ -131,7 +131,7 @@ class Trainer:
         if self.mesh.pipeline_size > 1:
             self.pipeline = build_pipeline(self.model, spec, self.mesh, self.device)
             self.model = self.pipeline.model  # type: ignore[assignment]  # this rank's stages
-            self.parallelized = Parallelized()
+            self.parallelized = self.pipeline.parallelized
         else:
             self.parallelized = parallelize(
                 self.model,
