@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.support.dist import run_distributed
 from tests.support.trainutil import final_weights, one_thread, series, tiny_spec, train
@@ -94,6 +95,12 @@ def test_pp2_equals_one_process(tmp_path: Path) -> None:
     assert _moved(ref, _spec()) > 20 * PARAM_ATOL
     got = _run(2, _spec(pipeline_size=2, m=2), tmp_path / "pp2")
     _compare("pp2", got, ref)
+    # the export gathers every stage into one transformers directory, as one process writes it
+    exported = load_file(tmp_path / "pp2" / "model" / "model.safetensors")
+    expected = load_file(tmp_path / "ref" / "model" / "model.safetensors")
+    assert exported.keys() == expected.keys()
+    for key, w in expected.items():
+        torch.testing.assert_close(exported[key], w, rtol=0, atol=PARAM_ATOL, msg=key)
 
 
 CASES = {
