@@ -72,8 +72,7 @@ def pipeline_problem(spec: JobSpec) -> tuple[str, object, str] | None:
     first microbatch); every stage holds at least one layer; the split is even unless
     `parallel.pipeline_split` says otherwise. What the pipeline does not carry yet is refused by
     name rather than run wrong: tied embeddings (the head would live on two stages), pretrained
-    models, packed documents, and the per-job check and evals (they run the
-    whole model on every rank)."""
+    models, and the per-job check and evals (they run the whole model on every rank)."""
     p, t = spec.parallel, spec.train
     m = t.microbatches
     if p.pipeline_size == 1:
@@ -159,12 +158,6 @@ def pipeline_problem(spec: JobSpec) -> tuple[str, object, str] | None:
             True,
             bool(getattr(spec.model, "tie_embeddings", False)),
             "set model.tie_embeddings: false (the head would live on two stages)",
-        ),
-        (
-            "data.pack",
-            "documents",
-            getattr(spec.data, "pack", None) == "documents",
-            "packed documents are not supported yet; use pack: windows",
         ),
         (
             "verify.enabled",

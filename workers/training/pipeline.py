@@ -89,9 +89,17 @@ class StageModule(nn.Module):
         positions: torch.Tensor,
         labels: torch.Tensor,
         weights: torch.Tensor,
+        doc_starts: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # positions arrive per row (the schedule splits every input by rows); the rows are equal
-        cos, sin = rope_tables(positions[0], self.cfg.head_dim, self.cfg.rope_theta)
+        cu_seqlens = None
+        if doc_starts is None:
+            # positions arrive per row (the schedule splits every input by rows); rows are equal
+            positions = positions[0]
+        else:  # packed documents: per-row positions, boundaries from the rows' document starts
+            rows, seq = doc_starts.shape
+            starts = doc_starts.reshape(-1).nonzero().squeeze(1)
+            cu_seqlens = torch.cat([starts, starts.new_tensor([rows * seq])]).to(torch.int32)
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
         cuda = x.device.type == "cuda"
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
         with autocast:
@@ -100,7 +108,7 @@ class StageModule(nn.Module):
             elif self.tp_mesh is not None:
                 x = _to_piece(x, self.tp_mesh)
             for _, block in blocks_of(self):
-                x = block(x, cos, sin, self.sp)
+                x = block(x, cos, sin, self.sp, cu_seqlens)
             if self.norm is None:
                 return _to_full(x, self.tp_mesh) if self.tp_mesh is not None else x
             hidden = self.norm(x)
@@ -205,6 +213,15 @@ class Pipeline:
             self._build(rows, seq)
         positions = local.positions.to(self.device).expand(rows, -1).contiguous()
         kwargs = {"positions": positions, "labels": local.labels, "weights": local.weights}
+        if local.cu_seqlens is not None:
+            # packed documents: cu_seqlens has no row dimension to split, so the microbatches get
+            # each row's document starts (over the global sequence) and rebuild their own
+            assert local.doc_positions is not None
+            cu = local.cu_seqlens.to(self.device, torch.int64)
+            starts = torch.zeros(int(cu[-1]), dtype=torch.bool, device=self.device)
+            starts[cu[:-1]] = True
+            kwargs["doc_starts"] = starts.view(rows, -1)
+            kwargs["positions"] = local.doc_positions
         losses: list[torch.Tensor] = []
         args = (local.inputs,) if self.holds_first else ()
         target = local.labels if self.holds_last else None

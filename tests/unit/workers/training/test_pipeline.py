@@ -15,6 +15,7 @@ ring 2 -> pp 2 x ring 2, continue the one-process curve and end on its weights.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,29 @@ PARAM_ATOL = 5e-5
 MEASURED: dict[str, tuple[float, float]] = {}
 
 
-def _spec(*, batch: int = 2, layers: int = 4, steps: int = K, m: int = 1, **parallel: Any) -> str:
+DOCS = [
+    f"document {i}: " + " ".join(f"w{(i * 5 + j) % 19}" for j in range(4 + 7 * (i % 6)))
+    for i in range(40)
+]
+
+
+def _spec(
+    *,
+    batch: int = 2,
+    layers: int = 4,
+    steps: int = K,
+    m: int = 1,
+    docs: Path | None = None,
+    **parallel: Any,
+) -> str:
+    """The tiny job; `docs`: a JSONL corpus trained as packed documents (seq 96) instead of
+    passkeys (seq 64)."""
+    data: dict[str, Any] = {"seq_len": 64}
+    if docs is not None:
+        data = {"kind": "text", "path": str(docs), "seq_len": 96, "pack": "documents"}
     return tiny_spec(
         model={"n_layers": layers},
-        data={"seq_len": 64},
+        data=data,
         parallel={"ring_size": 1, **parallel},
         train={"steps": steps, "batch_size": batch, "microbatches": m, "warmup_steps": 1},
         checkpoint={"every_steps": 0},
@@ -112,6 +132,10 @@ CASES = {
     ),
     "pp2 zero_bubble": (2, {"pipeline_size": 2, "m": 2, "pipeline_schedule": "zero_bubble"}),
     "pp2 x tp2": (4, {"pipeline_size": 2, "m": 2, "tensor_size": 2}),
+    "pp2 x ring2, packed documents": (
+        4,
+        {"pipeline_size": 2, "m": 2, "ring_size": 2, "docs": True},
+    ),
     "pp2 x dp2": (4, {"pipeline_size": 2, "m": 2, "data_parallel": 2, "batch": 4}),
     "pp3, 3 layers": (3, {"pipeline_size": 3, "m": 3, "batch": 3, "layers": 3}),
     "pp3, 6 layers split 1/3/2": (
@@ -127,7 +151,11 @@ CASES = {
 def test_pipeline_cases_equal_one_process(name: str, tmp_path: Path) -> None:
     world, kw = CASES[name]
     kw = dict(kw)
-    ref = _run(1, _spec(batch=kw.get("batch", 2), layers=kw.get("layers", 4)), tmp_path / "ref")
+    if kw.pop("docs", False):
+        kw["docs"] = tmp_path / "docs.jsonl"
+        kw["docs"].write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    base = {k: kw[k] for k in ("batch", "layers", "docs") if k in kw}
+    ref = _run(1, _spec(**base), tmp_path / "ref")
     got = _run(world, _spec(**kw), tmp_path / "got")
     _compare(name, got, ref)
 
