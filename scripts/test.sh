@@ -21,10 +21,13 @@ mypy_log="$(mktemp)"
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 trap 'kill "$mypy_pid" 2>/dev/null || true; rm -f "$mypy_log"' EXIT
-# every core; loadgroup hands out one test at a time (a few ahead), in the order tests/conftest.py
-# puts them on each worker: the longest first
+# One worker more than cores: the longest tests mostly wait (Ray processes starting, health checks,
+# a job's driver polled), so a third worker keeps two cores busy. loadgroup hands out one test at a
+# time (a few ahead), in the order tests/conftest.py puts them on each worker: the longest first;
+# a module marked xdist_group stays on one worker (it shares one expensive fixture).
+workers="${RINGTRAIN_TEST_WORKERS:-$(($(nproc) + 1))}"
 rc=0
-.venv/bin/python -m pytest -n auto --dist loadgroup "$@" || rc=$?
+.venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@" || rc=$?
 mypy_rc=0
 wait "$mypy_pid" || mypy_rc=$?
 echo "mypy:"

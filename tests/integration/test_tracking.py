@@ -36,7 +36,8 @@ from service.tracking import flatten
 from tests.support.api_harness import ALICE, TINY_SPEC, Driver, Server, running, wait_for
 from tests.support.dist import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# One xdist worker runs the module: one MLflow server (its own process and consumers) for all.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("tracking")]
 
 
 class MlflowServer:

@@ -72,24 +72,16 @@ def hf(path: Path) -> Any:
 
 
 class Prep:
-    """`python -m workers.data.prepare ARGS` on Ray (a subprocess against the session head, as users
-    run it) or in process (`main([..., "--in-process"])`: the same code path but the Ray tasks, so
-    the fast tier checks every rule in seconds and the `slow` variant checks the Ray run)."""
-
-    def __init__(self, head: RayHead | None) -> None:
-        self.head = head
+    """`python -m workers.data.prepare ARGS` in process (`main([..., "--in-process"])`: the same
+    code path but the Ray tasks, so the fast tier checks every rule in seconds);
+    `test_cli_data_prepare_runs_on_ray` checks the Ray run once."""
 
     def run(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
         argv = list(map(str, args))
-        if self.head is None:
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = prepare_main([*argv, "--in-process"])
-            return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
-        env = {**os.environ, **self.head.client_env(), "PYTHONPATH": str(ROOT)}
-        cmd = [sys.executable, "-m", "workers.data.prepare", *argv]
-        cmd += ["--ray-address", self.head.gcs_address]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = prepare_main([*argv, "--in-process"])
+        return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
     def ok(self, *args: str | Path) -> dict[str, Any]:
         done = self.run(*args)
@@ -97,18 +89,9 @@ class Prep:
         return dict(json.loads(done.stdout.strip().splitlines()[-1])["dataset"])
 
 
-@pytest.fixture(
-    params=["in-process", pytest.param("ray", marks=[pytest.mark.slow, pytest.mark.ray])]
-)
-def prep(request: pytest.FixtureRequest) -> Prep:
-    return Prep(request.getfixturevalue("ray_head") if request.param == "ray" else None)
-
-
 @pytest.fixture
 def local() -> Prep:
-    """In process only: rules decided outside the Ray tasks (re-prepare, reuse of unchanged files,
-    which errors stop a run), or checked once on Ray by `test_cli_data_prepare_runs_on_ray`."""
-    return Prep(None)
+    return Prep()
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -142,9 +125,9 @@ def expected_texts(src: Path) -> list[str]:
 
 
 def test_bytes_text_corpus_in_sorted_order_with_counts(
-    prep: Prep, corpus: Path, tmp_path: Path
+    local: Prep, corpus: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "ds"
+    prep, out = local, tmp_path / "ds"
     summary = prep.ok(corpus, "--tokenizer", "bytes", "--out", out)
     texts = expected_texts(corpus)
     ds = open_dataset(out)
@@ -219,7 +202,7 @@ def test_hf_text_is_the_tokenizers_own_encoding_and_reprepare_is_a_noop(
 )
 def test_chat_mask_is_exactly_the_assistant_tokens(tmp_path: Path, template: str) -> None:
     """In process: tokenizing is the same code on Ray (the Ray run is covered by the tests above)."""
-    prep = Prep(None)
+    prep = Prep()
     tok_dir = write_tokenizer(tmp_path / "tok", template)
     reference = hf(write_tokenizer(tmp_path / "ref", GENERATION_TEMPLATE))
     src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in CHATS])
@@ -344,41 +327,38 @@ def test_cli_data_prepare_has_the_modules_arguments() -> None:
 @pytest.mark.slow
 @pytest.mark.ray
 def test_cli_data_prepare_runs_on_ray(ray_head: RayHead, tmp_path: Path) -> None:
-    """The CLI on Ray: a Hugging Face tokenizer's own encoding from the Ray tasks (they load it
-    from its directory), and a bad line named by file and line through them."""
+    """The CLI on Ray: files in sorted path order (a sub-folder, .jsonl, .txt and .parquet, a
+    non-default text field), each document the Hugging Face tokenizer's own encoding from the Ray
+    tasks (they load it from its directory), the manifest's counts; and a bad line named by file
+    and line through them."""
     tok_dir = write_tokenizer(tmp_path / "tok", None)
-    texts = ["hello there", "world, é and ü", "a third document\nwith two lines"]
-    src = write_jsonl(tmp_path / "a.jsonl", [{"body": t} for t in texts])
+    src = tmp_path / "src"
+    (src / "b").mkdir(parents=True)
+    rows = ["hello there", "world, é and ü"]
+    write_jsonl(src / "b" / "a.jsonl", [{"body": t} for t in rows])
+    (src / "a.txt").write_text("a third document\nwith two lines")
+    pq.write_table(pa.table({"body": ["parquet one", "parquet two é"]}), src / "b" / "c.parquet")
+    texts = ["a third document\nwith two lines", *rows, "parquet one", "parquet two é"]
     env = {**os.environ, **ray_head.client_env(), "PYTHONPATH": str(ROOT)}
-    args = [
-        str(src),
-        "--tokenizer",
-        str(tok_dir),
-        "--out",
-        str(tmp_path / "ds"),
-        "--text-field",
-        "body",
-        "--json",
-    ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "api.cli",
-        "data",
-        "prepare",
-        *args,
-        "--ray-address",
-        ray_head.gcs_address,
-    ]
+    args = [str(src), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ds")]
+    cmd = [sys.executable, "-m", "api.cli", "data", "prepare", *args, "--text-field", "body"]
+    cmd += ["--json", "--ray-address", ray_head.gcs_address]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout[done.stdout.index("{") :])
     tok = hf(tok_dir)
     want = [tok(t)["input_ids"] + [tok.eos_token_id] for t in texts]
-    assert summary["documents"] == 3 and summary["tokens"] == sum(map(len, want))
+    assert summary["documents"] == 5 and summary["tokens"] == sum(map(len, want))
     ds = open_dataset(tmp_path / "ds")
     for i, w in enumerate(want):
         np.testing.assert_array_equal(ds[i]["tokens"], w)
+        assert ds[i]["loss_mask"].all() and len(ds[i]["loss_mask"]) == len(w)
+    files = json.loads((tmp_path / "ds" / "manifest.json").read_text())["files"]
+    assert [(f["path"], f["documents"]) for f in files] == [
+        ("a.txt", 1),
+        ("b/a.jsonl", 2),
+        ("b/c.parquet", 2),
+    ]
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"body": "ok"}) + "\n" + '{"body": "broken\n')
