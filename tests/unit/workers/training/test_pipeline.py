@@ -2,7 +2,7 @@
 
 Each case trains 2 optimizer steps of a tiny native model (d_model 32, 4 layers, seq 64, fp32,
 CPU/gloo) on P pipeline ranks (`torch.distributed.pipelining`'s schedules over M microbatches),
-alone or with ring, tensor or data parallel inside each stage, and compares with one process on the same
+alone or with ring, Ulysses, tensor or data parallel inside each stage, and compares with one process on the same
 batch: the loss of every step (relative, 1e-5: what the ring equivalence tests allow), the grad
 norm of every step (summed over the stages) and every parameter after the last step, read back
 from the DCP checkpoint under its whole-model name (atol 5e-5, as in `test_train_equivalence`:
@@ -131,6 +131,7 @@ CASES = {
         {"pipeline_size": 2, "m": 2, "pipeline_schedule": "interleaved_1f1b"},
     ),
     "pp2 zero_bubble": (2, {"pipeline_size": 2, "m": 2, "pipeline_schedule": "zero_bubble"}),
+    "pp2 x ulysses2": (4, {"pipeline_size": 2, "m": 2, "ulysses_size": 2}),
     "pp2 x tp2": (4, {"pipeline_size": 2, "m": 2, "tensor_size": 2}),
     "pp2 x ring2, packed documents": (
         4,
