@@ -181,3 +181,26 @@ def test_checkpoints_reshard_across_pipeline_sizes(tmp_path: Path) -> None:
             "weights": tail["weights"],
         }
         _compare(name, got, ref, steps=4)
+
+
+def _curriculum(**parallel: Any) -> str:
+    train = {"steps": 3, "batch_size": 2, "warmup_steps": 1, **parallel.pop("train", {})}
+    return tiny_spec(
+        model={"n_layers": 4},
+        data={"seq_len": 128, "curriculum": [{"steps": 1, "seq_len": 64}]},
+        parallel={"ring_size": 1, **parallel},
+        train=train,
+        checkpoint={"every_steps": 0},
+        verify={"enabled": False},
+    ).model_dump_json()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_curriculum_rebuilds_the_stages_for_the_new_length(tmp_path: Path) -> None:
+    """A curriculum's shorter context, then the full one: the stages' buffers are sized per
+    shape, so the schedule is rebuilt when the length changes, and the run still equals one
+    process."""
+    ref = _run(1, _curriculum(), tmp_path / "ref", 3)
+    got = _run(2, _curriculum(pipeline_size=2, train={"microbatches": 2}), tmp_path / "pp2", 3)
+    _compare("pp2, curriculum 64 -> 128", got, ref, steps=3)
