@@ -28,7 +28,9 @@ global token mean divides by the sum of weights.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +38,7 @@ import torch
 
 from workers.data.batch import Batch
 from workers.data.dataset import DatasetError, PreparedDataset, open_dataset
+from workers.data.pack import next_fit
 from workers.data.passkey import sample_generator
 
 
@@ -152,37 +155,33 @@ class TokensSource:
     def _pieces(self, length: int) -> int:
         return max(1, -(-length // self.seq_len)) if length else 0
 
-    def _advance(self, c: Cursor) -> tuple[list[tuple[int, int]], Cursor]:
-        """The pieces (document, piece) of sequence c.g, and the cursor of the next sequence."""
-        epoch, j, piece = c.epoch, c.j, c.piece
-        out: list[tuple[int, int]] = []
-        used = 0
-        while True:
-            if j == self.train.n:
-                if out:
-                    break  # an epoch's last sequence ends with it
-                epoch, j, piece = epoch + 1, 0, 0
-                self._cursors.setdefault(epoch, Cursor(c.g, epoch, 0, 0))
-                continue
-            doc = self._train_doc(epoch, j)
+    def _walk(self, epoch: int, j: int, piece: int) -> Iterator[tuple[tuple[int, int, int], int]]:
+        """The pieces of `epoch` from permuted document j's piece `piece` on, lazily:
+        ((document, piece, j), its length)."""
+        for jj in range(j, self.train.n):
+            doc = self._train_doc(epoch, jj)
             length = self.ds.doc_length(doc)
-            if piece >= self._pieces(length):
-                j, piece = j + 1, 0
-                continue
-            n = min(self.seq_len, length - piece * self.seq_len)
-            if used + n > self.seq_len:
+            for p in range(piece if jj == j else 0, self._pieces(length)):
+                yield (doc, p, jj), min(self.seq_len, length - p * self.seq_len)
+
+    def _advance(self, c: Cursor) -> tuple[list[tuple[int, int]], Cursor]:
+        """The pieces (document, piece) of sequence c.g, and the cursor of the next sequence:
+        next-fit within an epoch (an epoch's last sequence ends with it)."""
+        epoch, j, piece = c.epoch, c.j, c.piece
+        while True:
+            group, closer = next(next_fit(self._walk(epoch, j, piece), self.seq_len), ([], None))
+            if group:
                 break
-            out.append((doc, piece))
-            used += n
-            piece += 1
-        if not out:
-            raise ValueError(f"data.path {self.ds.path}: every training document is empty")
-        if (
-            j == self.train.n
-        ):  # the epoch ended with this sequence: the next one starts the next epoch
+            if (j, piece) == (0, 0):
+                raise ValueError(f"data.path {self.ds.path}: every training document is empty")
+            epoch, j, piece = epoch + 1, 0, 0
+            self._cursors.setdefault(epoch, Cursor(c.g, epoch, 0, 0))
+        if closer is None:  # the epoch ended with this sequence: the next one starts the next epoch
             epoch, j, piece = epoch + 1, 0, 0
             self._cursors.setdefault(epoch, Cursor(c.g + 1, epoch, 0, 0))
-        return out, Cursor(c.g + 1, epoch, j, piece)
+        else:
+            _, piece, j = closer
+        return [(doc, p) for doc, p, _ in group], Cursor(c.g + 1, epoch, j, piece)
 
     def _cursor(self, g: int) -> Cursor:
         """The cursor of sequence g: a scan forward from the nearest known one."""
@@ -292,23 +291,17 @@ class TokensSource:
         [] without any."""
         if self.val.n == 0:
             return []
-        seqs: list[tuple[torch.Tensor, ...]] = []
-        pieces: list[tuple[int, int]] = []
-        used, want = 0, batch_size * count
-        j = 0
-        while len(seqs) < want and j < self.val.n * 64:  # bounded even when every document is tiny
-            doc = self.val.doc(j % self.val.n)
-            length = self.val.ds.doc_length(doc)
-            for piece in range(self._pieces(length)):
-                n = min(self.seq_len, length - piece * self.seq_len)
-                if used + n > self.seq_len and pieces:
-                    seqs.append(self._packed(pieces, self.val.ds))
-                    pieces, used = [], 0
-                pieces.append((doc, piece))
-                used += n
-            j += 1
-        if pieces and len(seqs) < want:
-            seqs.append(self._packed(pieces, self.val.ds))
+
+        def held_out() -> Iterator[tuple[tuple[int, int], int]]:
+            for j in range(self.val.n * 64):  # bounded even when every document is tiny
+                doc = self.val.doc(j % self.val.n)
+                length = self.val.ds.doc_length(doc)
+                for piece in range(self._pieces(length)):
+                    yield (doc, piece), min(self.seq_len, length - piece * self.seq_len)
+
+        want = batch_size * count
+        packed = islice(next_fit(held_out(), self.seq_len), want)
+        seqs = [self._packed(pieces, self.val.ds) for pieces, _ in packed]
         if not seqs:
             return []
         while len(seqs) < want:
