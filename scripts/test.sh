@@ -21,11 +21,10 @@ mypy_log="$(mktemp)"
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 trap 'kill "$mypy_pid" 2>/dev/null || true; rm -f "$mypy_log"' EXIT
-# One worker more than cores: the longest tests mostly wait (Ray processes starting, health checks,
-# a job's driver polled), so a third worker keeps two cores busy. loadgroup hands out one test at a
-# time (a few ahead), in the order tests/conftest.py puts them on each worker: the longest first;
-# a module marked xdist_group stays on one worker (it shares one expensive fixture).
-workers="${RINGTRAIN_TEST_WORKERS:-$(($(nproc) + 1))}"
+# every core (RINGTRAIN_TEST_WORKERS overrides); loadgroup hands out one test at a time (a few
+# ahead), in the order tests/conftest.py puts them on each worker: the longest first; a module
+# marked xdist_group stays on one worker (it shares one expensive fixture).
+workers="${RINGTRAIN_TEST_WORKERS:-auto}"
 rc=0
 .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@" || rc=$?
 mypy_rc=0
