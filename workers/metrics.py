@@ -167,6 +167,16 @@ STAGE = Metric(
     digits=0,
     progress=True,
 )
+WORLD_SIZE = Metric(
+    name="world_size",
+    title="Ranks",
+    unit="",
+    group="training",
+    description="ranks the step ran on (elastic jobs: the shape after each resize)",
+    format="fixed",
+    digits=0,
+    progress=True,
+)
 TOKENS_PER_S = Metric(
     name="tokens_per_s",
     title="Tokens / s",
@@ -355,6 +365,7 @@ CATALOG: tuple[Metric, ...] = (
     LR,
     GRAD_NORM,
     STAGE,
+    WORLD_SIZE,
     TOKENS_PER_S,
     STEP_TIME_S,
     MEM_PEAK_BYTES,

@@ -23,6 +23,7 @@ from api.schemas import (
     MetricPage,
 )
 from service import admission, capacity
+from service.elastic import elastic_refusal
 from service.init_from import InitFromRefused, resolve_init_from
 from service.launcher import ClusterInfo
 from service.planner import GIB, device_memory, plan
@@ -164,6 +165,8 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
     if any(s.spec.parallel.ring_auto for s in spec.stage_plan()):
         spec = await resolve_ring_auto(ctx, spec)  # now, against the devices' memory; stored so
     cluster = await check_against_cluster(ctx, spec)
+    if (refused := elastic_refusal(spec, cluster)) is not None:
+        raise ApiError(422, refused[1], field=refused[0])
     check_against_quota(ctx, owner, spec, cluster)
     if cluster is not None and any(n.alive for n in cluster.nodes):  # else resolved at admission
         spec = capacity.with_accelerator_resolved(

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from workers.config.base import MAX_SEQ_LEN, MAX_WORLD, StrictModel, fail
+from workers.config.elastic import ElasticConfig, elastic_problem
 from workers.config.init_from import InitFrom
 from workers.config.models import MODEL_CONFIGS, ModelConfig, ModelSection
 from workers.config.rules import pipeline_problem, tensor_heads_problem, ulysses_heads_problem
@@ -49,6 +50,10 @@ class JobSpec(StrictModel):
         min_length=1,
         max_length=MAX_STAGES,
         description="context extension in one job: each stage's steps and overrides",
+    )
+    elastic: ElasticConfig = Field(
+        default_factory=ElasticConfig,
+        description="on rank loss, shrink onto what can be placed now; grow back later",
     )
 
     @model_validator(mode="before")
@@ -153,6 +158,8 @@ class JobSpec(StrictModel):
                 f"<= {MAX_WORLD}",
             )
         if (problem := pipeline_problem(self)) is not None:
+            fail(*problem)
+        if (problem := elastic_problem(self)) is not None:
             fail(*problem)
         knobs_problem = self.train.knobs.problem(cuda=self.resources.accelerator != "cpu")
         if knobs_problem:

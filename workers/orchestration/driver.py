@@ -19,6 +19,13 @@ another; the driver releases the group and places the next (RUNNING → PLACING 
 resumes from the last stage's final checkpoint. A lost rank resumes in whichever stage that
 checkpoint starts.
 
+An elastic job (`elastic.enabled`) that loses a rank resumes on the largest of its shapes that
+can be placed now (`workers.orchestration.elastic`), not only on its own; with `elastic.grow`,
+while it runs smaller the driver watches the free resources and, once its own shape fits again,
+stops the ranks (they checkpoint the step they finish) and places the job's own shape from that
+checkpoint (RUNNING -> PLACING -> RUNNING, no step recomputed). Each resize is a state change whose
+reason names both shapes and whose metadata carries `world_size`.
+
 No path waits forever. The environment it starts with is `workers.protocol.DriverEnv`.
 """
 
@@ -32,6 +39,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from types import FrameType
@@ -39,6 +47,9 @@ from typing import Any
 
 import ray
 
+from workers.config import JobSpec
+from workers.config.elastic import resized, shapes
+from workers.orchestration import elastic
 from workers.orchestration.actor import RankResult
 from workers.orchestration.forwarding import MetricForwarder
 from workers.orchestration.recovery import Delivered, ResumePlan, plan_resume
@@ -56,7 +67,7 @@ from workers.orchestration.reservation import (
     short,
     wants_gpus,
 )
-from workers.parallel_dims import ParallelDims
+from workers.parallel_dims import ParallelDims, rank_bundle
 from workers.protocol import DriverEnv, JobState
 from workers.training.lease import Lease
 
@@ -75,6 +86,8 @@ class Timing:
     poll_interval_s: float = 0.5
     actor_start_timeout_s: float = 300.0
     stop_grace_s: float = 4.0
+    grow_check_s: float = 2.0  # how often an elastic job running smaller looks for its own shape
+    elastic_try_s: float = 15.0  # after a loss, how long a shape may wait before a smaller one
 
 
 class JobDriver:
@@ -95,6 +108,10 @@ class JobDriver:
             None  # this attempt's hold on the checkpoint directory (see `resume`)
         )
         self._train_refs: list[Any] = []
+        self.shape: ParallelDims | None = None  # an elastic job's current shape; None: its own
+        self.growing = False  # an elastic job stopped its ranks to grow back to its own shape
+        self.fall_back = False  # the next reservation tries smaller shapes if its own waits
+        self._grow_checked = 0.0
 
     def cancelled(self) -> bool:
         return self.cancel.is_set()
@@ -137,6 +154,9 @@ class JobDriver:
                 self._teardown()
                 if result.stopped and self.cancelled():
                     raise Cancelled()
+                if result.stopped and self.growing:
+                    plan = self._grow(result.final_step)
+                    continue
                 if not result.stopped and result.final_step < self.spec.train.steps:
                     # the next stage needs another number of ranks: place it and go on
                     plan = ResumePlan(step=result.final_step, replay=[])
@@ -160,6 +180,8 @@ class JobDriver:
                     f"{e}; restart {self.restarts}/{self.spec.max_restarts}, "
                     f"resuming from step {plan.step}"
                 )
+                if self.spec.elastic.enabled:
+                    reason += self._shrink(plan.step)
                 log.warning(reason)
                 self.reporter.state(
                     JobState.RETRYING,
@@ -178,6 +200,71 @@ class JobDriver:
                 msg = f"driver error: {type(e).__name__}: {e}"
                 return self._failed(_first_line(msg), detail=msg + "\n" + traceback.format_exc())
 
+    def running_spec(self, step: int) -> JobSpec:
+        """The spec the ranks run after `step`: the stage's, on an elastic job's current shape."""
+        spec = self.spec.stage_at(step).spec
+        return spec if self.shape is None else resized(spec, self.shape)
+
+    def _free(self) -> elastic.NodeResources:
+        from ray._private.state import available_resources_per_node
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        return {k: v for k, v in available_resources_per_node().items() if k in alive}
+
+    def _shrink(self, step: int) -> str:
+        """After a lost rank (the group released): the largest shape placeable now. Returns the
+        words the RETRYING reason gains."""
+        before = self.shape or ParallelDims.of(self.spec.parallel)
+        gpu = bool(self.gpu)
+        chosen = elastic.choose_shape(self.spec, self._free(), gpu=gpu)
+        self.fall_back = True
+        if chosen is None:
+            self.shape = None
+            return (
+                f"; elastic: no shape of at least {self.spec.elastic.min_world_size or 1} "
+                "rank(s) fits now, waiting for the job's own"
+            )
+        self.shape = None if chosen == ParallelDims.of(self.spec.parallel) else chosen
+        if chosen == before:
+            return f"; elastic: {chosen.world_size} rank(s) still fit"
+        log.warning("elastic: %s -> %s from step %d", before.describe(), chosen.describe(), step)
+        return (
+            f"; elastic: resizing from {before.world_size} to {chosen.world_size} rank(s) "
+            f"({before.describe()} -> {chosen.describe()})"
+        )
+
+    def _should_grow(self, g: RankGroup) -> bool:
+        """An elastic job running smaller whose own shape fits now (its group given back)."""
+        if self.shape is None or not self.spec.elastic.grow or self.growing:
+            return False
+        now = time.monotonic()
+        if now - self._grow_checked < self.timing.grow_check_s:
+            return False
+        self._grow_checked = now
+        rank = rank_bundle(gpu=bool(self.gpu), cpus_per_worker=self.spec.resources.cpus_per_worker)
+        held: dict[str, dict[str, float]] = {}
+        for a in g.assignments:
+            node = held.setdefault(a.node_id, {})
+            for k, v in rank.items():
+                node[k] = node.get(k, 0.0) + v
+        free = elastic.add(self._free(), held)
+        own = ParallelDims.of(self.spec.parallel)
+        return elastic.placeable(self.spec, own, free, gpu=bool(self.gpu))
+
+    def _grow(self, step: int) -> ResumePlan:
+        """The ranks stopped with a checkpoint at `step`: place the job's own shape from it."""
+        before, own = self.shape, ParallelDims.of(self.spec.parallel)
+        assert before is not None
+        self.shape, self.growing = None, False
+        reason = (
+            f"elastic: capacity for {own.world_size} rank(s) is back; resizing from "
+            f"{before.world_size} to {own.world_size} rank(s) ({before.describe()} -> "
+            f"{own.describe()}) from the checkpoint at step {step}"
+        )
+        log.info(reason)
+        self.reporter.state(JobState.PLACING, reason, metadata={"world_size": own.world_size})
+        return ResumePlan(step=step, replay=[])
+
     def _reserve(self, step: int, resume_step: int | None) -> RankGroup:
         """The group for the stage that runs after `step` (the whole job without stages)."""
         stage = self.spec.stage_at(step)
@@ -190,17 +277,41 @@ class JobDriver:
             which = (
                 f"stage {stage.index + 1}/{len(self.spec.stages)} ({stage.name}) from step {step}: "
             )
-        return reserve(
-            stage.spec,
-            name=attempt_name,
-            timeout_s=self.env.placement_timeout_s,
-            gpu=self.gpu,
-            on_waiting=lambda reason: self.reporter.state(
-                JobState.PLACING, which + reason, resume_step=resume_step
-            ),
-            cancelled=self.cancelled,
-            actor_start_timeout_s=self.timing.actor_start_timeout_s,
-        )
+        while True:
+            # After a loss, an elastic job gives each shape but its smallest a short wait: what
+            # Ray reported free a moment ago may be taken by then (a queued group, another job)
+            smaller = self._smaller_shapes() if self.fall_back else []
+            try:
+                group = reserve(
+                    self.running_spec(step),
+                    name=attempt_name + (f"-w{self.shape.world_size}" if self.shape else ""),
+                    timeout_s=(
+                        self.timing.elastic_try_s if smaller else self.env.placement_timeout_s
+                    ),
+                    gpu=self.gpu,
+                    on_waiting=lambda reason: self.reporter.state(
+                        JobState.PLACING, which + reason, resume_step=resume_step
+                    ),
+                    cancelled=self.cancelled,
+                    actor_start_timeout_s=self.timing.actor_start_timeout_s,
+                )
+                self.fall_back = False
+                return group
+            except PlacementTimeout:
+                if not smaller:
+                    raise
+                fits = [
+                    d
+                    for d in smaller
+                    if elastic.placeable(self.spec, d, self._free(), gpu=bool(self.gpu))
+                ]
+                self.shape = (fits or smaller)[0]
+                log.warning("elastic: not placed in time; trying %s", self.shape.describe())
+
+    def _smaller_shapes(self) -> list[ParallelDims]:
+        """An elastic job's shapes below the one it is about to reserve."""
+        current = self.shape or ParallelDims.of(self.spec.parallel)
+        return [d for d in shapes(self.spec) if d.world_size < current.world_size]
 
     def _succeeded(self, result: RankResult) -> int:
         meta: Metadata = {"final_step": result.final_step}
@@ -219,7 +330,7 @@ class JobDriver:
 
     def _report_running(self, g: RankGroup, step: int) -> None:
         stage = self.spec.stage_at(step)
-        dims = ParallelDims.of(stage.spec.parallel)
+        dims = ParallelDims.of(self.running_spec(step).parallel)
         meta: Metadata = {
             "attention_backend": g.attention_backend,
             "dist_backend": g.backend,
@@ -230,8 +341,12 @@ class JobDriver:
             "max_nodes_per_ring": max(dims.nodes_per_ring(g.assignments)),
             "restarts": self.restarts,
             "driver_attempt": self.env.attempt,
+            "world_size": dims.world_size,
         }
         where = f"training on {meta['nodes']} node(s), {len(g.assignments)} rank(s)"
+        if self.shape is not None:
+            own = ParallelDims.of(self.spec.parallel)
+            where += f" (elastic: {dims.describe()}; the job's own shape has {own.world_size})"
         if self.spec.stages:
             meta["stage"] = stage.index
             where = f"stage {stage.index + 1}/{len(self.spec.stages)} ({stage.name}): {where}"
@@ -248,7 +363,8 @@ class JobDriver:
             )  # fmt: skip
 
     def _train(self, g: RankGroup, resume_step: int) -> RankResult:
-        spec_json = self.spec.model_dump_json()
+        spec = self.spec if self.shape is None else resized(self.spec, self.shape)
+        spec_json = spec.model_dump_json()
         refs = {
             a.train.remote(spec_json, self.env.checkpoint_dir, resume_step, lease=self.lease): r
             for r, a in enumerate(g.ranked_actors())
@@ -263,6 +379,11 @@ class JobDriver:
                 pending, num_returns=len(pending), timeout=self.timing.poll_interval_s
             )
             self.forwarder.drain(g)
+            if self._should_grow(g):
+                self.growing = True
+                log.info("elastic: the job's own shape fits again; stopping the ranks to grow")
+                for a in g.actors:
+                    a.request_stop.remote()
             for ref in done:
                 rank = refs[ref]
                 try:

@@ -409,6 +409,8 @@ class Trainer:
             self.point(metrics.STEP_TIME_S.name, s.seconds)
             if self.job.stages:
                 self.point(metrics.STAGE.name, self.stage.index)
+            if self.job.elastic.enabled:
+                self.point(metrics.WORLD_SIZE.name, self.mesh.world)
         self.point(metrics.MEM_PEAK_BYTES.name, self.memory.peak(), rank=self.mesh.rank)
         self.point(metrics.STATE_BYTES.name, s.state_bytes, rank=self.mesh.rank)
 
