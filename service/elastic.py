@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from service.launcher import ClusterInfo
 from service.planner import GIB, device_memory, memory_estimate
-from workers.config import JobSpec
-from workers.config.elastic import never_shrinks, resized, shapes
+from workers.config import JobSpec, never_shrinks, resized, shapes
 
 
 def elastic_refusal(spec: JobSpec, cluster: ClusterInfo | None) -> tuple[str, str] | None:

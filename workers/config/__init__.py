@@ -6,10 +6,11 @@ the API can answer 422 naming it. `workers.config` is the public import path; th
 `base` (strict fields, errors at a path), `sections` (data, parallel, train, ...), `models` (the
 native config and the kind table), `pretrained` (`model.kind: hf`), `knobs` (the memory knobs as one
 value), `rules` (cross-section rules the planner also asks), `stages` (a job's stages and each one's
-effective spec), `spec` (`JobSpec`, `load_spec`).
+effective spec), `elastic` (the shapes an elastic job may run on), `spec` (`JobSpec`, `load_spec`).
 """
 
 from workers.config.base import MAX_MLP_TILES, MAX_SEQ_LEN, MAX_WORLD, Layout, StrictModel
+from workers.config.elastic import ElasticConfig, never_shrinks, resized, shapes
 from workers.config.init_from import InitFrom, architecture_problem
 from workers.config.knobs import CANDIDATES as KNOB_CANDIDATES
 from workers.config.knobs import MemoryKnobs, mlp_tiles
@@ -59,6 +60,7 @@ __all__ = [
     "CheckpointConfig",
     "CurriculumStage",
     "DataConfig",
+    "ElasticConfig",
     "EvalConfig",
     "HFModelConfig",
     "InitFrom",
@@ -82,9 +84,12 @@ __all__ = [
     "check_pretrained_dir",
     "load_spec",
     "mlp_tiles",
+    "never_shrinks",
     "pretrained_config",
     "read_config_json",
+    "resized",
     "rope_coverage_warning",
+    "shapes",
     "tensor_heads_problem",
     "ulysses_heads_problem",
     "with_overrides",
