@@ -44,20 +44,17 @@ class ElasticConfig(StrictModel):
     )
 
 
-def _divisors_desc(n: int) -> list[int]:
-    return [d for d in range(n, 0, -1) if n % d == 0]
-
-
 def shapes(spec: JobSpec) -> list[ParallelDims]:
     """The shapes `spec` may run on, its own first, then smaller worlds (largest first; among
     equal worlds the larger sequence group first), down to `elastic.min_world_size`. Ulysses,
     tensor and pipeline degrees stay the job's: they split heads and layers, which a lost node
-    does not change; data parallelism and the ring shrink."""
+    does not change; data parallelism and the ring shrink to any size the global batch and the
+    sequence length still divide by (4 x 2 may become 3 x 2 when the batch is a multiple of 3)."""
     own = ParallelDims.of(spec.parallel)
     floor = spec.elastic.min_world_size or 1
     found: list[ParallelDims] = []
-    for ring in _divisors_desc(own.ring_size):
-        for dp in _divisors_desc(own.data_parallel):
+    for ring in range(own.ring_size, 0, -1):
+        for dp in range(own.data_parallel, 0, -1):
             dims = ParallelDims(dp, ring, own.ulysses_size, own.tensor_size, own.pipeline_size)
             if dims.world_size < floor or spec.train.batch_size % dp:
                 continue

@@ -33,16 +33,28 @@ def degrees(found: list[ParallelDims]) -> list[tuple[int, int]]:
 
 
 def test_shapes_shrink_data_parallelism_before_the_ring() -> None:
-    # seq 192 with zigzag: ring 4 (8 chunks of 24), 2 (4 of 48), 1; ring 3 does not divide 4
-    assert degrees(shapes(spec())) == [(2, 4), (1, 4), (2, 2), (1, 2), (2, 1), (1, 1)]
+    # seq 192 with zigzag: rings of 4 (8 chunks of 24), 3 (6 of 32), 2 and 1
+    assert degrees(shapes(spec())) == [
+        (2, 4),
+        (2, 3),  # 6 ranks
+        (1, 4),  # 4 ranks: the longer ring first
+        (2, 2),
+        (1, 3),
+        (1, 2),
+        (2, 1),
+        (1, 1),
+    ]
 
 
 def test_shapes_keep_the_specs_own_rules_and_the_floor() -> None:
-    odd_batch = spec(train={"batch_size": 3}, parallel={"data_parallel": 3, "ring_size": 2})
-    # largest world first: 3 ranks of data parallelism beat a ring of 2 alone
-    assert degrees(shapes(odd_batch)) == [(3, 2), (3, 1), (1, 2), (1, 1)]
+    # a batch of 4 on data_parallel 4: 3 ranks of data parallelism would split it unevenly
+    batch = spec(train={"batch_size": 4}, parallel={"data_parallel": 4, "ring_size": 1})
+    assert degrees(shapes(batch)) == [(4, 1), (2, 1), (1, 1)]
+    # seq 160: 8 zigzag chunks of 20 for a ring of 4, none for a ring of 3 (6 does not divide it)
+    seq = spec(data={"seq_len": 160})
+    assert degrees(shapes(seq)) == [(2, 4), (1, 4), (2, 2), (1, 2), (2, 1), (1, 1)]
     floor = spec(elastic={"enabled": True, "min_world_size": 4})
-    assert degrees(shapes(floor)) == [(2, 4), (1, 4), (2, 2)]
+    assert degrees(shapes(floor)) == [(2, 4), (2, 3), (1, 4), (2, 2)]
     ulysses = spec(
         parallel={"ring_size": 2, "data_parallel": 2, "ulysses_size": 2}, data={"seq_len": 256}
     )
@@ -69,15 +81,16 @@ def nodes(*cpus: float) -> dict[str, dict[str, float]]:
 def test_the_driver_takes_the_largest_shape_that_fits_node_by_node() -> None:
     s = spec()  # 8 ranks of 1 CPU
     assert choose_shape(s, nodes(8), gpu=False) == ParallelDims(2, 4)
-    assert choose_shape(s, nodes(4, 3), gpu=False) == ParallelDims(1, 4)
+    assert choose_shape(s, nodes(4, 3), gpu=False) == ParallelDims(2, 3)  # 6 of 7
+    assert choose_shape(s, nodes(3, 2), gpu=False) == ParallelDims(1, 4)  # 4 of 5
     # 2 + 1.5 + 0.5 CPUs hold 3 bundles of 1 CPU: a bundle never spans nodes
-    assert choose_shape(s, nodes(2, 1.5, 0.5), gpu=False) == ParallelDims(1, 2)
+    assert choose_shape(s, nodes(2, 1.5, 0.5), gpu=False) == ParallelDims(1, 3)
     assert choose_shape(s, {}, gpu=False) is None
     floor = spec(elastic={"enabled": True, "min_world_size": 4})
     assert choose_shape(floor, nodes(3), gpu=False) is None  # waits: nothing at or above 4
     gpus = {"n0": {"CPU": 16.0, "GPU": 3.0}}
-    assert choose_shape(s, gpus, gpu=True) == ParallelDims(1, 2)
-    assert placeable(s, ParallelDims(1, 2), gpus, gpu=True)
+    assert choose_shape(s, gpus, gpu=True) == ParallelDims(1, 3)
+    assert placeable(s, ParallelDims(1, 3), gpus, gpu=True)
     assert not placeable(s, ParallelDims(2, 2), gpus, gpu=True)
 
 
