@@ -22,8 +22,7 @@ mypy_log="$(mktemp)"
 mypy_pid=$!
 trap 'kill "$mypy_pid" 2>/dev/null || true; rm -f "$mypy_log"' EXIT
 # every core (RINGTRAIN_TEST_WORKERS overrides); loadgroup hands out one test at a time (a few
-# ahead), in the order tests/conftest.py puts them on each worker: the longest first; a module
-# marked xdist_group stays on one worker (it shares one expensive fixture).
+# ahead), in the order tests/conftest.py puts them on each worker: the longest first.
 workers="${RINGTRAIN_TEST_WORKERS:-auto}"
 rc=0
 .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@" || rc=$?

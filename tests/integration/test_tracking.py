@@ -36,8 +36,7 @@ from service.tracking import flatten
 from tests.support.api_harness import ALICE, TINY_SPEC, Driver, Server, running, wait_for
 from tests.support.dist import free_port
 
-# One xdist worker runs the module: one MLflow server (its own process and consumers) for all.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("tracking")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 class MlflowServer:

@@ -42,15 +42,7 @@ from tests.support.api_harness import Server, make_settings
 from workers.training.checkpoint import latest_step
 
 ROOT = Path(__file__).resolve().parents[2]
-# One xdist worker runs the whole module: each worker would otherwise build its own three-host
-# network and Ray cluster (a minute, and six raylets on two cores at once).
-pytestmark = [
-    pytest.mark.multihost,
-    pytest.mark.ray,
-    pytest.mark.slow,
-    pytest.mark.timeout(900),
-    pytest.mark.xdist_group("multihost"),
-]
+pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 
 # Ray's GCS declares a node dead after `failure_threshold` missed health checks, `period_ms` apart (defaults: 5 × 3 s
 # plus a 10 s timeout each). Shortened so that a partition is detected in ~2-3 s.
