@@ -308,6 +308,8 @@ def test_the_driver_reports_ring_crossings_under_tensor_parallelism() -> None:
     reports: list[dict[str, Any]] = []
     driver = SimpleNamespace(
         spec=spec,
+        shape=None,  # not an elastic job running smaller
+        running_spec=lambda step: spec,
         gpu=True,
         restarts=0,
         env=SimpleNamespace(attempt=0),
