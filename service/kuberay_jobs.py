@@ -179,6 +179,34 @@ def pod_shape(job: dict[str, Any]) -> tuple[float, float]:
     return cpus, _quantity(limits.get(GPU, 0))
 
 
+def _from_template(
+    template: dict[str, Any],
+    name: str,
+    what: str,
+    labels: dict[str, str],
+    entrypoint: str,
+    env: dict[str, str],
+) -> dict[str, Any]:
+    """A suspended RayJob named `name` from `template` (a deep copy), with its labels, entrypoint
+    and runtime environment: what a job's RayJob and a task's share. `what` names the id the name
+    came from, for the error."""
+    name = name.lower()
+    if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+        raise ValueError(
+            f"{what} gives RayJob name {name!r}, not a DNS label of <= {MAX_NAME} chars"
+        )
+    job = copy.deepcopy(template)
+    meta = job.setdefault("metadata", {})
+    meta["name"] = name
+    meta.pop("namespace", None)
+    meta.setdefault("labels", {}).update(labels)
+    body = job["spec"]
+    body["entrypoint"] = entrypoint
+    body["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": env}, sort_keys=True)
+    body["suspend"] = True  # Kueue un-suspends it on admission
+    return job
+
+
 def rayjob_for(
     template: dict[str, Any], req: LaunchRequest, *, python: str = "python"
 ) -> dict[str, Any]:
@@ -188,27 +216,19 @@ def rayjob_for(
     replicas (Kueue admits a fixed size), and a ring smaller than one pod asks for just the GPUs it
     uses, with the same share of the pod's CPUs, memory and shared memory."""
     spec = req.spec
-    name = submission_id_for(req.job_id, req.attempt).lower()
-    if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
-        raise ValueError(
-            f"job id {req.job_id!r} gives RayJob name {name!r}, "
-            f"not a DNS label of <= {MAX_NAME} chars"
-        )
-    job = copy.deepcopy(template)
-    meta = job.setdefault("metadata", {})
-    meta["name"] = name
-    meta.pop("namespace", None)
-    meta.setdefault("labels", {}).update(
+    job = _from_template(
+        template,
+        submission_id_for(req.job_id, req.attempt),
+        f"job id {req.job_id!r}",
         {
             "kueue.x-k8s.io/priority-class": priority_class(spec.priority),
             "ringtrain.io/job-id": req.job_id,
             "ringtrain.io/attempt": str(req.attempt),
-        }
+        },
+        f"{python} -m {DRIVER_MODULE}",
+        driver_environment(req),
     )
     body = job["spec"]
-    body["entrypoint"] = f"{python} -m {DRIVER_MODULE}"
-    body["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": driver_environment(req)}, sort_keys=True)
-    body["suspend"] = True  # Kueue un-suspends it on admission
 
     cpus, gpus = pod_shape(job)
     ranks = spec.world_size
@@ -243,24 +263,15 @@ def rayjob_for_task(
     here is CPU work: tokenizing), sized to `task.cpus` when that is less than the template's pod,
     which gets the same share of its memory and shared memory. Admitted, run and torn down exactly
     like a job's RayJob."""
-    name = task.submission_id.lower()
-    if len(name) > MAX_NAME or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
-        raise ValueError(
-            f"task id {task.task_id!r} gives RayJob name {name!r}, "
-            f"not a DNS label of <= {MAX_NAME} chars"
-        )
-    job = copy.deepcopy(template)
-    meta = job.setdefault("metadata", {})
-    meta["name"] = name
-    meta.pop("namespace", None)
-    meta.setdefault("labels", {}).update(
-        {"kueue.x-k8s.io/priority-class": priority_class(0), "ringtrain.io/task-id": task.task_id}
+    job = _from_template(
+        template,
+        task.submission_id,
+        f"task id {task.task_id!r}",
+        {"kueue.x-k8s.io/priority-class": priority_class(0), "ringtrain.io/task-id": task.task_id},
+        task.entrypoint(python),
+        {**task.env, "PYTHONUNBUFFERED": "1"},
     )
     body = job["spec"]
-    body["entrypoint"] = task.entrypoint(python)
-    env = {**task.env, "PYTHONUNBUFFERED": "1"}
-    body["runtimeEnvYAML"] = yaml.safe_dump({"env_vars": env}, sort_keys=True)
-    body["suspend"] = True  # Kueue un-suspends it on admission
 
     cpus, _ = pod_shape(job)
     group = body["rayClusterSpec"]["workerGroupSpecs"][0]
