@@ -134,3 +134,17 @@ def test_a_job_that_could_never_shrink_is_named_but_stays_a_valid_spec() -> None
     assert (never_shrinks(floor) or ("",))[0] == "elastic.min_world_size"
     assert never_shrinks(spec()) is None
     assert never_shrinks(spec(elastic={"enabled": False}, parallel={"ring_size": 1})) is None
+
+
+def test_an_elastic_job_reports_its_ranks_every_step_and_others_do_not() -> None:
+    """`world_size`: one rank-less point per step of an elastic job (the shape over time), none
+    for a job without elastic (its exactly-once counts stay as they were)."""
+    from workers.training.trainer import run_training
+
+    for enabled, want in ((True, [1, 1, 1]), (False, [])):
+        job = resized(spec(elastic={"enabled": enabled}, train={"steps": 3}), ParallelDims(1, 1))
+        points: list[Any] = []
+        run_training(job, checkpoint_dir=None, emit=points.append)
+        sizes = [(p.step, p.rank, p.value) for p in points if p.name == "world_size"]
+        assert [v for _, _, v in sizes] == want and all(r is None for _, r, _ in sizes)
+        assert [s for s, _, _ in sizes] == list(range(1, len(want) + 1))
