@@ -164,3 +164,23 @@ class DatasetRow(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class EvalRow(Base):
+    """One `POST /v1/evals`: a RULER-style evaluation of a model run on the cluster
+    (`service.evals`), its request, the submission that runs it, its progress and, once done, the
+    report `python -m workers.evals` printed."""
+
+    __tablename__ = "evals"
+    __table_args__ = (Index("ix_evals_owner_created", "owner", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    submission_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -7,6 +7,7 @@
     store.audit    audit.py    who did what through the API
     store.leases   leases.py   the leader lease of the control plane (replicas)
     store.datasets datasets.py prepared datasets: one row per prepare run on the cluster
+    store.evals    evals.py    evaluations: one row per RULER-style evaluation run on the cluster
 
 Shared plumbing (sessions, the per-job write lock, event seqs) is `database.py`; events are built in
 `events.py` only, and published after each commit to the listeners registered on the `EventBus`.
@@ -20,6 +21,7 @@ from sqlalchemy import Engine
 from service.store.audit import Audit
 from service.store.database import Database
 from service.store.datasets import Datasets
+from service.store.evals import Evals
 from service.store.errors import JobEnded, JobNotFound, ReportGap, StoreError
 from service.store.events import Event, EventBus
 from service.store.jobs import Jobs
@@ -34,6 +36,7 @@ __all__ = [
     "Deposed",
     "Event",
     "EventBus",
+    "Evals",
     "JobEnded",
     "JobNotFound",
     "Jobs",
@@ -62,6 +65,7 @@ class Store:
         self.audit = Audit(self.db)
         self.leases = Leases(self.db)
         self.datasets = Datasets(self.db)
+        self.evals = Evals(self.db)
 
     @property
     def bus(self) -> EventBus:
