@@ -30,6 +30,7 @@ from api.routers import (
     cluster,
     dashboard,
     datasets,
+    evals,
     events,
     health,
     jobs,
@@ -223,6 +224,7 @@ def create_app(settings: Settings | None = None, launcher: Launcher | None = Non
     app.include_router(artifacts.router)
     app.include_router(metrics.router)
     app.include_router(datasets.router)
+    app.include_router(evals.router)
     app.mount("/static", StaticFiles(directory=health.STATIC, check_dir=False), name="static")
     app.add_middleware(
         BodyLimitMiddleware,

@@ -247,6 +247,53 @@ class Client:
     def cluster(self) -> ClusterOut:
         return ClusterOut.model_validate(self._get("/v1/cluster"))
 
+    def create_eval(
+        self,
+        lengths: list[int],
+        *,
+        model: str | None = None,
+        job: str | None = None,
+        samples: int = 4,
+        ring_size: int = 1,
+        seed: int = 0,
+        tasks: list[str] | None = None,
+        suite: str = "ruler",
+    ) -> dict[str, Any]:
+        """Start a RULER-style evaluation of `model` (a directory on the cluster, inside the
+        server's data roots) or of `job`'s exported model, on the server's cluster."""
+        body: dict[str, Any] = {
+            "suite": suite,
+            "lengths": lengths,
+            "samples": samples,
+            "ring_size": ring_size,
+            "seed": seed,
+        }
+        body.update({k: v for k, v in (("model", model), ("job", job), ("tasks", tasks)) if v})
+        out: dict[str, Any] = self._check(self.http.post("/v1/evals", json=body))
+        return out
+
+    def list_evals(self) -> list[dict[str, Any]]:
+        """Your evaluations, newest first."""
+        out: list[dict[str, Any]] = self._get("/v1/evals")
+        return out
+
+    def get_eval(self, eval_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = self._get(f"/v1/evals/{eval_id}")
+        return out
+
+    def wait_eval(
+        self, eval_id: str, timeout: float | None = None, poll_s: float = 1.0
+    ) -> dict[str, Any]:
+        """Poll until the evaluation SUCCEEDED or FAILED."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ev = self.get_eval(eval_id)
+            if ev["state"] in ("SUCCEEDED", "FAILED"):
+                return ev
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"eval {eval_id} still {ev['state']} after {timeout}s")
+            time.sleep(poll_s)
+
     def health(self) -> dict[str, Any]:
         out: dict[str, Any] = self._get("/healthz")
         return out

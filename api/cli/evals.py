@@ -1,6 +1,7 @@
 """`ringtrain eval`: a RULER-style long-context evaluation of a model directory or a job's
 exported model, here, over a ring of `--ring-size` local processes (`python -m workers.evals`
-under torchrun: ring prefill, pass-Q decoding)."""
+under torchrun: ring prefill, pass-Q decoding), or with `--on-cluster` on the server's cluster
+(`POST /v1/evals`), printing the same report."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.ring_size < 1:
         print("error: --ring-size must be >= 1", file=sys.stderr)
         return 2
+    if args.on_cluster:
+        return _on_cluster(args)
     with tempfile.TemporaryDirectory(prefix="ringtrain-eval-") as tmp:
         model = _model_dir(args, Path(tmp))
         launch = (
@@ -58,6 +62,51 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"error: the evaluation failed (exit {done.returncode}; see above)", file=sys.stderr)
         return 1
     report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    out(args, report, lambda: _human(report))
+    return 0
+
+
+def _on_cluster(args: argparse.Namespace) -> int:
+    """The evaluation as a server resource: a path (or an existing directory) is sent as `model`,
+    resolved here (the server must see the same path, e.g. shared storage), anything else as
+    `job`; then the eval is polled until it ends, progress on stderr."""
+    if args.samples_out:
+        print("error: --samples-out needs a local run (drop --on-cluster)", file=sys.stderr)
+        return 2
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError:
+        print(f"error: --lengths {args.lengths!r}: comma-separated integers", file=sys.stderr)
+        return 2
+    given = Path(args.model)
+    as_path = given.is_dir() or "/" in args.model or args.model.startswith(".")
+    where = {"model": str(given.resolve())} if as_path else {"job": args.model}
+    tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
+    with client(args) as c:
+        ev = c.create_eval(
+            lengths,
+            samples=args.samples,
+            ring_size=args.ring_size,
+            seed=args.seed,
+            tasks=tasks,
+            suite=args.suite,
+            **where,
+        )
+        print(f"eval {ev['id']} {ev['state']} on the cluster", file=sys.stderr, flush=True)
+        seen = None
+        while ev["state"] not in ("SUCCEEDED", "FAILED"):
+            time.sleep(args.poll_s)
+            ev = c.get_eval(ev["id"])
+            p = ev.get("progress") or {}
+            now = (ev["state"], p.get("samples_done"))
+            if now != seen:
+                seen = now
+                done, total = p.get("samples_done", 0), p.get("samples_total")
+                print(f"[eval {ev['id']}] {ev['state']} {done}/{total} samples", file=sys.stderr)
+    if ev["state"] == "FAILED":
+        print(f"error: eval {ev['id']} failed: {ev['error']}", file=sys.stderr)
+        return 1
+    report: dict[str, Any] = ev["result"]
     out(args, report, lambda: _human(report))
     return 0
 
@@ -92,4 +141,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--tasks", help="comma-separated tasks (default: every task)")
     e.add_argument("--samples-out", help="write one JSON line per sample to this file")
+    e.add_argument(
+        "--on-cluster",
+        action="store_true",
+        help="run on the server's cluster (POST /v1/evals) instead of here; MODEL_DIR must be a "
+        "path the cluster sees inside the server's data roots",
+    )
+    e.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
     e.set_defaults(fn=cmd_eval)

@@ -108,6 +108,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 for k in ("main", "other", "cancel")
             }
             dataset = alice.post("/v1/datasets", json=dataset_body(tmp, "main")).json()["id"]
+            evaluation = alice.post("/v1/evals", json=eval_body(tmp)).json()["id"]
         drivers = {k: Driver(srv, j) for k, j in jobs.items()}
         drivers["main"].state("RUNNING", reason="placed")
         drivers["main"].metrics(range(3))
@@ -122,6 +123,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "srv": srv,
             "jobs": jobs,
             "dataset": dataset,
+            "eval": evaluation,
             "tmp": tmp,
             "drivers": drivers,
             "tokens": tokens,
@@ -138,6 +140,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def dataset_body(tmp: Path, name: str) -> dict[str, str]:
     """A prepare request inside the data roots (the recording launcher has no cluster: it ends FAILED)."""
     return {"source": str(tmp / "corpus.jsonl"), "out": str(tmp / f"ds-{name}")}
+
+
+def eval_body(tmp: Path) -> dict[str, Any]:
+    """An evaluation of a model directory inside the data roots (it never ends here)."""
+    return {"model": str(tmp / "model"), "lengths": [512], "samples": 1, "tasks": ["vt"]}
 
 
 def header(cred: str, tokens: dict[str, str], op: tuple[str, str]) -> dict[str, str]:
@@ -168,8 +175,8 @@ def expected(op: tuple[str, str], cred: str) -> int:
         return (
             404 if "/artifacts" in op[1] else 200
         )  # the owner is let in; a running job has no model yet
-    if cred == "other-owner":  # another owner's job or dataset does not exist for them
-        return 404 if "{job_id}" in op[1] or "{dataset_id}" in op[1] else 200
+    if cred == "other-owner":  # another owner's job, dataset or eval does not exist for them
+        return 404 if any(f"{{{k}_id}}" in op[1] for k in ("job", "dataset", "eval")) else 200
     return 401
 
 
@@ -180,11 +187,14 @@ def call(
     method, path = op
     job = env["jobs"]["cancel" if path.endswith("/cancel") else "main"]
     url = path.replace("{job_id}", job).replace("{dataset_id}", env["dataset"])
+    url = url.replace("{eval_id}", env["eval"])
     kw: dict[str, Any] = {}
     if op == REPORT:
         kw["json"] = {"items": []}
     elif op == ("POST", "/v1/datasets"):
         kw["json"] = dataset_body(env["tmp"], cred)
+    elif op == ("POST", "/v1/evals"):
+        kw["json"] = eval_body(env["tmp"])
     elif method == "POST" and "{job_id}" not in path:
         kw["json"] = {**TINY_SPEC, "name": f"auth-{cred}"}
     with (
