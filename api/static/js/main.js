@@ -5,6 +5,7 @@ import { mountJobs } from "./jobs.js";
 import { mountSubmit } from "./submit.js";
 import { mountCompare } from "./compare.js";
 import { mountDatasets } from "./datasets.js";
+import { mountEvals } from "./evals.js";
 
 const main = document.getElementById("main");
 const banner = document.getElementById("banner");
@@ -80,7 +81,11 @@ function route(force = false) {
   if (parts[0] === "jobs" && parts[1]) unmount = mountJob(main, parts[1]);
   else if (parts[0] === "submit") { nav = "submit"; unmount = mountSubmit(main); }
   else if (parts[0] === "compare") { nav = "compare"; unmount = mountCompare(main, query); }
-  else if (parts[0] === "datasets") { nav = "datasets"; unmount = mountDatasets(main); }
+  else if (parts[0] === "datasets") {
+    nav = "datasets";
+    const off = [mountDatasets(main), mountEvals(main)];
+    unmount = () => off.forEach((f) => f());
+  }
   else unmount = mountJobs(main, query);
   for (const a of document.querySelectorAll("header nav a")) {
     if (a.dataset.nav === nav) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
