@@ -120,6 +120,7 @@ def test_the_task_runs_the_evaluation_alone_or_under_torchrun(store: Store, tmp_
 def test_the_report_is_the_last_json_report_in_the_log() -> None:
     log = (
         "WARNING: torch.distributed.run: OMP_NUM_THREADS is set to 1\n"
+        + "[W1205 07:10:11 socket.cpp:464] [c10d] The IPv6 network addresses cannot be retrieved\n"
         + SAMPLE * 3
         + json.dumps({"tasks": {}, "by_length": {}, "effective_length": 0, "threshold": 0.5})
         + "\n{not json\n"
