@@ -88,6 +88,7 @@ class Timing:
     stop_grace_s: float = 4.0
     grow_check_s: float = 2.0  # how often an elastic job running smaller looks for its own shape
     elastic_try_s: float = 15.0  # after a loss, how long a shape may wait before a smaller one
+    release_wait_s: float = 3.0  # after a loss, how long Ray may take to show the group released
 
 
 class JobDriver:
@@ -154,9 +155,10 @@ class JobDriver:
                 self._teardown()
                 if result.stopped and self.cancelled():
                     raise Cancelled()
-                if result.stopped and self.growing:
+                if result.stopped and self.growing and result.final_step < self.spec.train.steps:
                     plan = self._grow(result.final_step)
                     continue
+                # (stopped to grow at its last step: the job is done, nothing left to place)
                 if not result.stopped and result.final_step < self.spec.train.steps:
                     # the next stage needs another number of ranks: place it and go on
                     plan = ResumePlan(step=result.final_step, replay=[])
@@ -216,7 +218,7 @@ class JobDriver:
         words the RETRYING reason gains."""
         before = self.shape or ParallelDims.of(self.spec.parallel)
         gpu = bool(self.gpu)
-        chosen = elastic.choose_shape(self.spec, self._free(), gpu=gpu)
+        chosen = elastic.choose_shape(self.spec, self._released_free(), gpu=gpu)
         self.fall_back = True
         if chosen is None:
             self.shape = None
@@ -233,6 +235,33 @@ class JobDriver:
             f"({before.describe()} -> {chosen.describe()})"
         )
 
+    def _held(self, g: RankGroup | None) -> dict[str, dict[str, float]]:
+        """What `g`'s ranks hold, per node."""
+        rank = rank_bundle(gpu=bool(self.gpu), cpus_per_worker=self.spec.resources.cpus_per_worker)
+        held: dict[str, dict[str, float]] = {}
+        for a in g.assignments if g is not None else []:
+            node = held.setdefault(a.node_id, {})
+            for k, v in rank.items():
+                node[k] = node.get(k, 0.0) + v
+        return held
+
+    def _released_free(self) -> elastic.NodeResources:
+        """The free resources once Ray shows the released group's share back on each node that is
+        still listed, or after `Timing.release_wait_s` (a lost node's raylet never reports it). Read
+        at once, a live node's ranks would still count as taken: Ray's view lags the release."""
+        held = self._held(self.group)
+        deadline = time.monotonic() + self.timing.release_wait_s
+        while True:
+            free = self._free()
+            waiting = [
+                node
+                for node, res in held.items()
+                if node in free and any(free[node].get(k, 0.0) < v for k, v in res.items())
+            ]
+            if not waiting or time.monotonic() >= deadline:
+                return free
+            time.sleep(0.1)
+
     def _should_grow(self, g: RankGroup) -> bool:
         """An elastic job running smaller whose own shape fits now (its group given back)."""
         if self.shape is None or not self.spec.elastic.grow or self.growing:
@@ -241,13 +270,7 @@ class JobDriver:
         if now - self._grow_checked < self.timing.grow_check_s:
             return False
         self._grow_checked = now
-        rank = rank_bundle(gpu=bool(self.gpu), cpus_per_worker=self.spec.resources.cpus_per_worker)
-        held: dict[str, dict[str, float]] = {}
-        for a in g.assignments:
-            node = held.setdefault(a.node_id, {})
-            for k, v in rank.items():
-                node[k] = node.get(k, 0.0) + v
-        free = elastic.add(self._free(), held)
+        free = elastic.add(self._free(), self._held(g))
         own = ParallelDims.of(self.spec.parallel)
         return elastic.placeable(self.spec, own, free, gpu=bool(self.gpu))
 
