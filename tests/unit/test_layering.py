@@ -52,3 +52,17 @@ def test_the_rules_see_imports() -> None:
     """Guard against a scanner that finds nothing: the packages do import each other the allowed way."""
     assert any(m == "workers.config" for _, m in _imports("service"))
     assert any(_top(m) == "service" for _, m in _imports("api"))
+
+
+def test_the_job_driver_starts_without_torch() -> None:
+    """The per-job driver (`python -m workers.driver`) reserves, supervises and reports; the ranks
+    train. Importing torch would cost every driver start seconds of CPU and hundreds of MB on the
+    head, once per job and again per resubmission."""
+    import subprocess
+    import sys
+
+    code = "import sys, workers.driver; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

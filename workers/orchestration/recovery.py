@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.protocol import MetricPoint
-from workers.training.checkpoint import latest_step
+from workers.checkpoint_layout import latest_step
 from workers.training.journal import read_journal
 
 
