@@ -386,64 +386,44 @@ def trains_on_while_down(
     return before, after
 
 
-# -- 1. a rank dies --------------------------------------------------------------------------------------------------
-def test_killed_rank_retries_resumes_from_checkpoint_exactly_once(
-    tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
-) -> None:
-    # Still running when the kill comes (right after checkpoint 10 is seen; a dead rank stops the
-    # ring at once): 30 steps of margin, ~10 s at the ~0.3 s a step takes on 2 loaded cores.
-    steps = 40
-    js = spec(steps, max_restarts=2, name="kill-rank", eval={"every_steps": 50, "samples": 2})
-    with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
-        jid = c.post("/v1/jobs", json=js).json()["id"]
-        waited = checkpoint_at_least(tmp_path / "ckpt" / jid, 10)
-        pids = rank_pids(ray_head, jid)
-        assert len(pids) == 2
-        os.kill(pids[1], signal.SIGKILL)
-        job = finished(c, jid)
-        assert job["state"] == "SUCCEEDED", job["error"]
-        assert states(job) == [
-            "QUEUED",
-            "PLACING",
-            "RUNNING",
-            "RETRYING",
-            "PLACING",
-            "RUNNING",
-            "SUCCEEDED",
-        ], states(job)
-        retry = job["transitions"][3]
-        # Resumed from a checkpoint no older than the one complete before the kill (never from scratch); points the
-        # dead rank had not handed over are re-sent from its metrics journal instead of re-running their steps.
-        assert (
-            retry["resume_step"] >= waited
-            and retry["resume_step"] % 5 == 0
-            and "died" in retry["reason"]
-        ), (
-            waited,
-            retry,
-        )
-        assert job["restarts"] == 1 and job["step"] == steps
-        counts = exactly_once(c, jid, js)
-        print(
-            f"[faults] rank kill: checkpoint {waited} complete before the kill, resumed from {retry['resume_step']}"
-        )
-        print(f"[faults] rank kill: {counts}")
-
-
 # -- 2. the driver (the job's supervisor) dies -----------------------------------------------------------------------
-def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart_left(
+def test_killed_rank_then_killed_driver_resume_from_checkpoints_then_no_restart_left_fails(
     tmp_path: Path, ray_head: RayHead, launcher: RayJobLauncher
 ) -> None:
-    steps = 40  # still running when the driver is killed (see test 1)
-    js = spec(steps, max_restarts=1, name="kill-driver")
+    """One job, two faults: a rank dies (the driver re-reserves and resumes from the newest
+    checkpoint), then the driver itself dies (the control plane resubmits it, and it resumes from
+    the newest checkpoint again); it SUCCEEDS with every point once. Then a job with no restart
+    left loses its driver and FAILS with the reason, never hanging."""
+    # Still running at each kill (the first right after checkpoint 10 is seen, the second 10 steps
+    # after the first resume; a dead rank or driver stops the ring at once): ~0.3 s a step on 2
+    # loaded cores.
+    steps = 60
+    js = spec(
+        steps, max_restarts=2, name="kill-rank-driver", eval={"every_steps": 50, "samples": 2}
+    )
     with control_plane(tmp_path, launcher) as srv, http(srv.url) as c:
-        # a restart left: RETRYING, a new driver (attempt 1) resumes from the newest checkpoint, SUCCEEDED, exactly once
         jid = c.post("/v1/jobs", json=js).json()["id"]
         ckpt = tmp_path / "ckpt" / jid
-        waited = checkpoint_at_least(ckpt, 10)
+        waited_rank = checkpoint_at_least(ckpt, 10)
+        pids = rank_pids(ray_head, jid)
+        assert len(pids) == 2
+        os.kill(pids[1], signal.SIGKILL)  # a worker process crash, as on a lost node
+        back = wait_job(
+            c, jid, lambda j: j["state"] == "RUNNING" and j["restarts"] == 1, 120, "RUNNING again"
+        )
+        rank_retry = back["transitions"][3]
+        # resumed from a checkpoint no older than the one complete before the kill (never from
+        # scratch); points the dead rank had not handed over are re-sent from its metrics journal
+        assert (
+            rank_retry["to"] == "RETRYING"
+            and rank_retry["resume_step"] >= waited_rank
+            and rank_retry["resume_step"] % 5 == 0
+            and "died" in rank_retry["reason"]
+        ), (waited_rank, back["transitions"])
+        waited = checkpoint_at_least(ckpt, rank_retry["resume_step"] + 10)
         sid0 = get_job(c, jid)["submission_id"]
         ranks = [int(a["pid"]) for a in job_actors(ray_head, jid, prefix=f"rt-{jid}-d0-")]
-        assert len(ranks) == 2, ranks
+        assert len(ranks) == 2, ranks  # the second reservation's ranks (the first's died)
         t0 = time.monotonic()
         os.kill(driver_pid(launcher, sid0, jid), signal.SIGKILL)
         # Its rank actors die with it, so no checkpoint is written after this; attempt 1 writes only after resuming.
@@ -463,22 +443,25 @@ def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart
             "QUEUED",
             "PLACING",
             "RUNNING",
-            "RETRYING",
+            "RETRYING",  # the rank
+            "PLACING",
+            "RUNNING",
+            "RETRYING",  # the driver
             "PLACING",
             "RUNNING",
             "SUCCEEDED",
         ], states(job)
         assert (
-            job["restarts"] == 1
+            job["restarts"] == 2
             and job["submission_id"] != sid0
             and job["submission_id"].endswith("-1")
         )
-        retry = job["transitions"][3]
+        retry = job["transitions"][6]
         assert (
             "without reporting a final state" in retry["reason"]
             and "resubmitting" in retry["reason"]
         ), retry
-        resumed = job["transitions"][4]
+        resumed = job["transitions"][7]
         # the newest complete checkpoint on disk when the driver died, never an older one (nor step 0)
         assert resumed["resume_step"] == newest, (
             waited,
@@ -492,7 +475,9 @@ def test_killed_driver_is_resubmitted_from_checkpoint_then_fails_when_no_restart
         assert all(a["state"] == "DEAD" for a in job_actors(ray_head, jid, alive=False))
         assert all(pg["state"] == "REMOVED" for pg in job_pgs(ray_head, f"rt-{jid}-d0-"))
         print(
-            f"[faults] driver kill: checkpoint {waited} complete before the kill, newest {newest} after it; "
+            f"[faults] rank kill: checkpoint {waited_rank} complete before it, resumed from "
+            f"{rank_retry['resume_step']}; driver kill: checkpoint {waited} complete before the "
+            f"kill, newest {newest} after it; "
             f"RETRYING after {detected_s:.1f}s, resumed from step {resumed['resume_step']}, {counts}"
         )
 
@@ -547,6 +532,10 @@ def test_control_plane_sigkill_reattaches_running_job(serve: ServeProcess, tmp_p
         )
         assert len(during) >= (OUTAGE_CHECKPOINTS - 1) * every  # trained on while it was down
         assert any(p["time"] > t_up for p in loss)  # and beyond it
+        # the driver's reports were refused while it was down, then retried
+        r = c.get(f"/v1/jobs/{jid}/logs", params={"driver": "true"})
+        driver_log = r.json()["driver_log"] or ""
+        assert "report to" in driver_log and "failed" in driver_log, driver_log[-3000:]
         no_active_jobs(c)
 
 

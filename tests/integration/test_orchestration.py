@@ -6,9 +6,7 @@ not depend on the control plane. Tiny models (d_model 32, 1 layer, seq 128): a s
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import threading
 import time
 from collections import Counter
@@ -220,7 +218,7 @@ def test_each_stage_is_placed_on_its_own_group_and_the_steps_continue(harness: H
 @pytest.mark.slow
 def test_tensor_groups_share_a_bundle_and_the_job_trains(harness: Harness) -> None:
     """ring 2 x tensor 2: two placement bundles (one per tensor group, so Ray keeps each on one
-    node), four rank actors, and the same loss as ring 2 alone (tensor parallelism is exact)."""
+    node), four rank actors, and the same loss as one process (tensor parallelism is exact)."""
     spec = tiny_spec(parallel={"ring_size": 2, "tensor_size": 2}, train={"steps": 4})
     sid = harness.submit("tp1", spec)
     harness.wait_for("tp1", lambda j: any(s["state"] == "RUNNING" for s in j.states), 120, "RUN")
@@ -235,10 +233,14 @@ def test_tensor_groups_share_a_bundle_and_the_job_trains(harness: Harness) -> No
     assert [p["rank"] for p in running["placement"]] == [0, 1, 2, 3]
     tp_loss = [p["value"] for p in job.points if p["name"] == "loss"]
 
-    plain = tiny_spec(train={"steps": 4})
-    sid = harness.submit("tp0", plain)
-    assert harness.finish("tp0", sid)["state"] == "SUCCEEDED"
-    ring_loss = [p["value"] for p in harness.receiver.jobs["tp0"].points if p["name"] == "loss"]
+    # the reference: the same spec on one process, here (the global batch never depends on the
+    # shape, so one process computes the same curve)
+    from workers.training.trainer import run_training
+
+    reference: list[Any] = []
+    plain = tiny_spec(parallel={"ring_size": 1}, train={"steps": 4}, checkpoint={"every_steps": 0})
+    run_training(plain, checkpoint_dir=None, emit=reference.append)
+    ring_loss = [p.value for p in reference if p.name == "loss" and p.rank is None]
     assert len(tp_loss) == len(ring_loss) == 4
     assert max(abs(a - b) / abs(b) for a, b in zip(tp_loss, ring_loss, strict=True)) < 1e-5
 
@@ -254,69 +256,6 @@ def test_training_exception_fails_with_message(harness: Harness) -> None:
     assert "training failed" in final["reason"] and final["error"]
     assert "corpus.txt" in final["error"] or "No such file" in final["error"]
     assert harness.wait_driver(sid) == DriverStatus.FAILED
-
-
-# -- a rank dies ---------------------------------------------------------------------------------------------------
-@pytest.mark.ray
-@pytest.mark.slow
-def test_killed_rank_resumes_from_checkpoint_without_duplicate_points(harness: Harness) -> None:
-    steps = 60
-    spec = tiny_spec(train={"steps": steps}, checkpoint={"every_steps": 5}, max_restarts=2)
-    sid = harness.submit("kill1", spec)
-    harness.wait_for("kill1", lambda j: len(losses(j)) >= 7, 120, "7 loss points")
-    job = harness.receiver.jobs["kill1"]
-    with harness.receiver.lock:
-        pids = rank_pids(job)
-    assert set(pids) == {0, 1}
-    os.kill(pids[1], signal.SIGKILL)  # a worker process crash, as on a lost node
-
-    final = harness.finish("kill1", sid, timeout_s=180)
-    assert final["state"] == "SUCCEEDED", final
-    states = [s["state"] for s in job.states]
-    assert states[:2] == ["PLACING", "RUNNING"] and states[-1] == "SUCCEEDED"
-    assert "RETRYING" in states
-    retry = next(s for s in job.states if s["state"] == "RETRYING")
-    assert retry["resume_step"] >= 5 and retry["resume_step"] % 5 == 0
-    assert "died" in retry["reason"]
-    # After the server applied the supersede: exactly one loss point per step, 1..steps.
-    assert sorted(losses(job)) == list(range(1, steps + 1)), (
-        [(s["state"], s["reason"], s.get("resume_step")) for s in job.states],
-        [x["line"] for x in job.logs],
-        losses(job),
-        job.superseded,
-    )
-    each_key_once(job.points, spec.model_dump(mode="json"))  # each (step, name, rank) once
-    running = [s for s in job.states if s["state"] == "RUNNING"]
-    assert len(running) == 2 and running[1]["metadata"]["restarts"] == 1
-    assert not job_actors(harness.head, "kill1") or all(
-        a["state"] == "DEAD" for a in job_actors(harness.head, "kill1")
-    )
-
-
-# -- cancel --------------------------------------------------------------------------------------------------------
-@pytest.mark.ray
-@pytest.mark.slow
-def test_cancel_releases_placement_group_and_actors(harness: Harness) -> None:
-    spec = tiny_spec(train={"steps": 100000}, checkpoint={"every_steps": 0})
-    sid = harness.submit("cancel1", spec)
-    harness.wait_for("cancel1", lambda j: len(losses(j)) >= 2, 120, "training")
-    assert any(pg["state"] == "CREATED" for pg in job_pgs(harness.head, "cancel1"))
-    harness.launcher.stop(sid)
-    harness.launcher.stop(sid)  # idempotent
-    final = harness.finish("cancel1", sid, timeout_s=30)
-    assert final["state"] == "CANCELLED", (final, harness.launcher.logs(sid)[-3000:])
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        pgs, actors = job_pgs(harness.head, "cancel1"), job_actors(harness.head, "cancel1")
-        if all(pg["state"] == "REMOVED" for pg in pgs) and all(
-            a["state"] == "DEAD" for a in actors
-        ):
-            break
-        time.sleep(0.5)
-    assert pgs and all(pg["state"] == "REMOVED" for pg in pgs), pgs
-    assert actors and all(a["state"] == "DEAD" for a in actors), actors
-    assert harness.wait_driver(sid, 30) == DriverStatus.STOPPED
-    harness.launcher.stop(sid)  # stopping a finished job is a no-op
 
 
 # -- does not fit --------------------------------------------------------------------------------------------------

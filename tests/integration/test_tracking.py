@@ -36,7 +36,9 @@ from service.tracking import flatten
 from tests.support.api_harness import ALICE, TINY_SPEC, Driver, Server, running, wait_for
 from tests.support.dist import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# one worker runs this module's tests (make test's `--dist loadgroup`), so the MLflow server, a
+# module fixture, starts once per run rather than once per worker
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("mlflow")]
 
 
 class MlflowServer:
