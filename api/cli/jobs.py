@@ -178,6 +178,25 @@ def stage_lines(j: JobOut) -> list[str]:
     return lines
 
 
+def elastic_line(c: Client, j: JobOut) -> list[str]:
+    """An elastic job's shape over time, from its `world_size` series: one run of steps per shape
+    ("4 -> 2 -> 4 ranks (steps 1-6, 7-20, 21-60)"); none for a job without elastic."""
+    if not j.spec.get("elastic", {}).get("enabled"):
+        return []
+    runs: list[tuple[int, int, int]] = []  # (ranks, first step, last step)
+    for p in sorted(c.iter_metrics(j.id, names=["world_size"]), key=lambda p: p.step):
+        ranks = int(p.value or 0)
+        if runs and runs[-1][0] == ranks:
+            runs[-1] = (ranks, runs[-1][1], p.step)
+        else:
+            runs.append((ranks, p.step, p.step))
+    if not runs:
+        return ["  elastic   on, no step yet"]
+    shapes = " -> ".join(str(r) for r, _, _ in runs)
+    spans = ", ".join(f"{a}-{b}" if a != b else f"{a}" for _, a, b in runs)
+    return [f"  elastic   {shapes} ranks (steps {spans})"]
+
+
 def verification_line(j: JobOut) -> str:
     """The pre-training check of the job's math, in one line."""
     v = j.verification
@@ -209,7 +228,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"  progress  step {j.step}/{j.total_steps}   restarts {j.restarts}   "
                 f"priority {j.priority}"
             )
-            for line in shape_lines(j.spec) + stage_lines(j):
+            for line in shape_lines(j.spec) + stage_lines(j) + elastic_line(c, j):
                 print(line)
             print(
                 f"  created   {j.created_at:%Y-%m-%d %H:%M:%S} UTC   "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,19 +29,24 @@ from typing import Any
 import httpx
 import pytest
 
+from api.cli import main as cli
 from service.ray_jobs import RayJobLauncher
 from tests.integration.test_faults import (
+    VERIFY_NAMES,
     checkpoint_at_least,
     exactly_once,
+    expected_keys,
     finished,
     get_job,
     http,
     spec,
     states,
+    stored_points,
     wait_job,
 )
-from tests.support.api_harness import Server, make_settings
+from tests.support.api_harness import ALICE, Server, make_settings
 from workers.training.checkpoint import latest_step
+from workers.training.journal import read_journal
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -261,6 +268,25 @@ def teardown(nc: NetCluster) -> None:
     shutil.rmtree(nc.temp, ignore_errors=True)
 
 
+def start_cluster(nc: NetCluster) -> None:
+    """The head (and its Jobs API), then w1 and w2 one at a time: two nodes joining at once can time out on a loaded
+    machine. Also used by bench/elastic.py."""
+    nc.start("head")
+    nc.wait_alive({"head"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the Jobs API comes up last
+        with contextlib.suppress(httpx.HTTPError):
+            if (
+                httpx.get(f"{nc.jobs_url}/api/jobs/", headers=nc.headers, timeout=5).status_code
+                == 200
+            ):
+                break
+        time.sleep(0.5)
+    for name in ("w1", "w2"):
+        nc.start(name)
+        nc.wait_alive({name})
+
+
 @pytest.fixture(scope="module")
 def net() -> Iterator[NetCluster]:
     why = netns_unavailable()
@@ -269,23 +295,7 @@ def net() -> Iterator[NetCluster]:
     tag = f"rt{os.getpid() % 100000}"
     nc = build(100 + os.getpid() % 150, tag)
     try:
-        nc.start("head")
-        nc.wait_alive({"head"})
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # the Jobs API comes up last
-            with contextlib.suppress(httpx.HTTPError):
-                if (
-                    httpx.get(f"{nc.jobs_url}/api/jobs/", headers=nc.headers, timeout=5).status_code
-                    == 200
-                ):
-                    break
-            time.sleep(0.5)
-        for name in (
-            "w1",
-            "w2",
-        ):  # one at a time: two nodes joining at once can time out on a loaded machine
-            nc.start(name)
-            nc.wait_alive({name})
+        start_cluster(nc)
         yield nc
     finally:
         teardown(nc)
@@ -330,10 +340,10 @@ def control_plane(tmp: Path, nc: NetCluster, **over: Any) -> Iterator[BridgeServ
         srv.stop()
 
 
-def ring_spec(ring: int, steps: int, name: str, **over: Any) -> dict[str, Any]:
+def ring_spec(ring: int, steps: int, name: str, every: int = 5, **over: Any) -> dict[str, Any]:
     return spec(
         steps,
-        every=5,
+        every=every,
         max_restarts=2,
         name=name,
         parallel={"ring_size": ring},
@@ -427,43 +437,204 @@ def resumes_once_w2_is_back(
     return recovered, retry, exactly_once(c, jid, js)
 
 
-# -- 1. a ring of 4 across two hosts; one host is lost and comes back ------------------------------------------------
-def test_ring_across_hosts_survives_node_loss_exactly_once(
-    healthy: NetCluster, tmp_path: Path
+# -- 1. an elastic ring of 4 across two hosts: a host is lost, the job goes on with 2 ranks, and grows back -----------
+# The kill comes once checkpoint ELASTIC_KILL_AT is on disk. The job resumes from it on w1's 2 ranks; w2 is restarted as
+# soon as that runs (Ray's node start: ~5-20 s here, the 2-rank ring trains meanwhile), and the driver grows back at its
+# first capacity check after w2 is alive (every `Timing.grow_check_s`), from a checkpoint of the step the 2 ranks
+# finish. ELASTIC_STEPS leaves room for the slowest restart seen plus a few steps on 4 ranks again.
+ELASTIC_STEPS, ELASTIC_EVERY, ELASTIC_KILL_AT = 100, 3, 6
+
+
+def ranks_in(reason: str) -> int:
+    """The number of ranks a RUNNING transition's reason names ("training on 2 node(s), 4 rank(s)")."""
+    m = re.search(r"(\d+) rank\(s\)", reason)
+    assert m, reason
+    return int(m.group(1))
+
+
+def exactly_once_elastic(
+    pts: list[dict[str, Any]], js: dict[str, Any], ranks_at: dict[int, int], resized_at: list[int]
+) -> dict[str, int]:
+    """`exactly_once` for a job whose shape changed: each step's per-rank points come from the ranks it ran on
+    (`ranks_at`, step -> world), every step has one rank-less `world_size` point, and each resume onto another shape
+    (at the steps `resized_at`) checked the math on it again (the verify points, at that step). Returns the counts."""
+    want = {k for k in expected_keys(js) if k[2] is None or k[2] < ranks_at.get(k[0], 0)}
+    want |= {(s, "world_size", None) for s in ranks_at}
+    want |= {(s, name, None) for s in resized_at for name in VERIFY_NAMES}
+    keys = Counter((p["step"], p["name"], p.get("rank")) for p in pts)
+    stored = set(keys)
+    counts = {
+        "expected": len(want),
+        "stored": len(pts),
+        "lost": len(want - stored),
+        "unexpected": len(stored - want),
+        "duplicated": sum(n - 1 for n in keys.values() if n > 1),
+        "loss_points": sum(1 for k in stored if k[1] == "loss"),
+    }
+    assert stored == want, (counts, sorted(want - stored)[:10], sorted(stored - want)[:10])
+    assert counts["duplicated"] == 0, (counts, [k for k, n in keys.items() if n > 1][:10])
+    seqs = [p["seq"] for p in pts]
+    assert seqs == sorted(set(seqs))  # seq strictly increasing, never reused
+    return counts
+
+
+def uninterrupted_losses(js: dict[str, Any]) -> dict[int, float]:
+    """The per-step loss of the same job in one process, never interrupted (the global batch of a step does not
+    depend on the shape, so one rank is the reference for every shape)."""
+    from workers.config import JobSpec
+    from workers.config.elastic import resized
+    from workers.parallel_dims import ParallelDims
+    from workers.training.trainer import run_training
+
+    points: list[Any] = []
+    run_training(
+        resized(JobSpec.model_validate(js), ParallelDims(1, 1)),
+        checkpoint_dir=None,
+        emit=points.append,
+    )
+    return {p.step: p.value for p in points if p.name == "loss"}
+
+
+def test_elastic_ring_across_hosts_shrinks_on_node_loss_and_grows_back_exactly_once(
+    healthy: NetCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """A ring of 4 over w1 + w2 with `elastic: {enabled, grow}`. w2 is killed: the job goes RETRYING and RUNNING on
+    w1's 2 ranks from the newest checkpoint without waiting for w2; w2 comes back and the job grows to 4 across both
+    hosts from a checkpoint of the step the 2 ranks finished; it succeeds with one point per (step, name, rank), a
+    `world_size` point per step (4, then one stretch of 2, then 4) and the loss of an uninterrupted run."""
     nc = healthy
-    js = ring_spec(4, STEPS, "mh-node-loss")
+    steps = ELASTIC_STEPS
+    js = ring_spec(
+        4, steps, "mh-elastic", every=ELASTIC_EVERY, elastic={"enabled": True, "grow": True}
+    )
+    w1, w2 = nc.hosts["w1"].ip, nc.hosts["w2"].ip
     with control_plane(tmp_path, nc) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]
+        ckpt = tmp_path / "ckpt" / jid
         job = running_across(c, nc, jid, 4)
         ips = sorted(p["node_ip"] for p in job["placement"])
-        assert ips == sorted([nc.hosts["w1"].ip] * 2 + [nc.hosts["w2"].ip] * 2), job["placement"]
+        assert ips == sorted([w1] * 2 + [w2] * 2), job["placement"]
         # ranks ordered node by node: the ring crosses the host boundary exactly twice, and says so
-        assert job["metadata"]["nodes"] == 2 and job["metadata"]["ring_node_crossings"] == 2, job[
-            "metadata"
-        ]
+        meta = job["metadata"]
+        assert (
+            meta["nodes"] == 2 and meta["ring_node_crossings"] == 2 and meta["world_size"] == 4
+        ), meta
         order = [p["node_ip"] for p in sorted(job["placement"], key=lambda p: p["rank"])]
         assert order[0] == order[1] != order[2] == order[3], order
-        assert job["metadata"]["dist_backend"] == "gloo"
+        assert meta["dist_backend"] == "gloo"
 
-        checkpoint_at_least(tmp_path / "ckpt" / jid, 10, timeout=180)
-        t_kill, wall_kill = time.monotonic(), time.time()
+        checkpoint_at_least(ckpt, ELASTIC_KILL_AT, timeout=180)
+        wall_kill = time.time()
         killed = nc.kill("w2")
         assert killed > 0
-        detected = retrying_after(
-            c, jid, wall_kill
-        )  # the ring of 4 cannot fit on the 2 CPUs left: it waits
-        # no rank trains now: the retry resumes from the newest complete checkpoint
-        newest = latest_step(tmp_path / "ckpt" / jid)
-        recovered, retry, counts = resumes_once_w2_is_back(c, nc, jid, js, t_kill)
-        assert newest is not None and newest >= 10, newest
+        job = wait_job(c, jid, lambda j: "RETRYING" in states(j), 120, "RETRYING")
+        # No rank trains until the smaller group is placed: the newest checkpoint is where the retry must resume, and
+        # rank 0's journal still ends at the last step the ring of 4 finished (steps recomputed from the checkpoint).
+        newest = latest_step(ckpt)
+        reached = max((p.step for p in read_journal(ckpt, 0) if p.name == "loss"), default=0)
+        retry = next(t for t in job["transitions"] if t["to"] == "RETRYING")
+        assert newest is not None and newest >= ELASTIC_KILL_AT, newest
         assert retry["resume_step"] == newest, (retry, newest)
-        print(
-            f"\n[hosts] node loss: {killed} processes of host w2 killed; RETRYING after {detected:.1f}s, RUNNING "
-            f"again {recovered:.1f}s after the kill (host restarted), resumed from step {retry['resume_step']}; "
-            f"{counts}"
+        assert "elastic: resizing from 4 to 2 rank(s)" in retry["reason"], retry
+
+        # w2 is still down: the job runs on w1's two CPUs
+        small = wait_job(
+            c,
+            jid,
+            lambda j: j["state"] == "RUNNING" and len(j["placement"]) == 2,
+            120,
+            "RUNNING on 2 ranks",
         )
+        assert nc.hosts["w2"].ip not in nc.alive_ips()
+        assert {p["node_ip"] for p in small["placement"]} == {w1}, small["placement"]
+        assert small["metadata"]["world_size"] == 2 and small["metadata"]["nodes"] == 1, small[
+            "metadata"
+        ]
+        assert (
+            "elastic"
+            in next(t for t in reversed(small["transitions"]) if t["to"] == "RUNNING")["reason"]
+        )
+
+        wall_restart = time.time()
+        nc.restart("w2")
+        wall_back = time.time()
+        grown = running_across(c, nc, jid, 4)
+        ips = sorted(p["node_ip"] for p in grown["placement"])
+        assert ips == sorted([w1] * 2 + [w2] * 2), grown["placement"]
+        assert (
+            grown["metadata"]["ring_node_crossings"] == 2 and grown["metadata"]["world_size"] == 4
+        )
+        job = finished(c, jid, timeout=300)
+        assert job["state"] == "SUCCEEDED", job["error"]
+
+        # the history: 4 ranks, the resize to 2 on the loss, the resize back to 4 when capacity returned
+        trans = job["transitions"]
+        assert [ranks_in(t["reason"]) for t in trans if t["to"] == "RUNNING"] == [4, 2, 4], trans
+        back = next(t for t in trans if t["to"] == "PLACING" and "is back" in t["reason"])
+        assert "capacity for 4 rank(s) is back" in back["reason"], back
+        assert "from 2 to 4 rank(s)" in back["reason"], back
+        order_ok = [t["to"] for t in trans].index("RETRYING") < trans.index(back)
+        assert order_ok, trans
+        m = re.search(r"from the checkpoint at step (\d+)", back["reason"])
+        assert m, back
+        grow_step = int(m.group(1))
+        assert newest + 2 <= grow_step < steps, (
+            newest,
+            grow_step,
+        )  # some steps on 2 ranks, some on 4 again
+
+        pts = stored_points(c, jid)
+        ranks_at = {s: 2 if newest < s <= grow_step else 4 for s in range(1, steps + 1)}
+        sizes = sorted((p["step"], p["value"]) for p in pts if p["name"] == "world_size")
+        assert sizes == [(s, float(ranks_at[s])) for s in range(1, steps + 1)], sizes
+        counts = exactly_once_elastic(pts, js, ranks_at, [newest, grow_step])
+        got = {p["step"]: p["value"] for p in pts if p["name"] == "loss"}
+        first_small = min(p["time"] for p in pts if p["name"] == "world_size" and p["value"] == 2)
+        first_grown = min(
+            p["time"] for p in pts if p["name"] == "world_size" and p["step"] == grow_step + 1
+        )
+        small_reached = max(p["step"] for p in pts if p["name"] == "world_size" and p["value"] == 2)
+        at = {p["step"]: p["time"] for p in pts if p["name"] == "loss"}
+        verify_s = [
+            next(p["value"] for p in pts if p["name"] == "verify_seconds" and p["step"] == s)
+            for s in (newest, grow_step)
+        ]
+        pace = [
+            (at[b] - at[a]) / (b - a)
+            for a, b in ((1, newest), (newest + 1, grow_step), (grow_step + 1, steps))
+        ]
+
+        # `ringtrain status` shows the shape over time and both resizes in the history
+        monkeypatch.setenv("RINGTRAIN_URL", srv.url)
+        monkeypatch.setenv("RINGTRAIN_TOKEN", ALICE)
+        capsys.readouterr()
+        assert cli(["status", jid]) == 0
+        shown = capsys.readouterr().out
+        spans = f"1-{newest}, {newest + 1}-{grow_step}, {grow_step + 1}-{steps}"
+        assert f"elastic   4 -> 2 -> 4 ranks (steps {spans})" in shown, shown
+        assert (
+            "resizing from 4 to 2 rank(s)" in shown and "capacity for 4 rank(s) is back" in shown
+        ), shown
         nothing_left(nc, jid, 4)
+
+    want = uninterrupted_losses(js)
+    assert sorted(want) == sorted(got) == list(range(1, steps + 1))
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
+    assert worst < 1e-4, worst
+    print(
+        f"\n[hosts] elastic: w2 killed ({killed} processes), RETRYING {retry['time'] - wall_kill:.1f}s later; first "
+        f"step on 2 ranks {first_small - wall_kill:.1f}s after the kill; w2 restarted in "
+        f"{wall_back - wall_restart:.1f}s; "
+        f"first step on 4 ranks {first_grown - wall_restart:.1f}s after the restart began "
+        f"({first_grown - wall_back:.1f}s after w2 was alive); steps recomputed: {reached - newest} at the shrink "
+        f"(checkpoint {newest}, reached {reached}), {small_reached - grow_step} at the grow (checkpoint {grow_step}); "
+        f"{grow_step - newest} steps on 2 ranks; s/step {pace[0]:.2f} on 4, {pace[1]:.2f} on 2, {pace[2]:.2f} on 4 "
+        f"again; the math checked again on each new shape ({verify_s[0]:.1f}s, {verify_s[1]:.1f}s); "
+        f"max loss rel err {worst:.1e}; {counts}"
+    )
 
 
 # -- 2. a host is cut off for longer than Ray's health timeout --------------------------------------------------------
