@@ -24,6 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--text-field", default="text", help="the field read from .jsonl/.parquet (text format)"
     )
     parser.add_argument("--ray-address", default=None, help="a Ray cluster (default: a local Ray)")
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="at most this many tokenize tasks at once (default: as many as the cluster's CPUs)",
+    )
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def run(
@@ -40,6 +53,7 @@ def run(
         fmt=args.format,
         text_field=args.text_field,
         ray_address=args.ray_address,
+        workers=args.workers,
         progress=progress,
         inline=inline,
     )

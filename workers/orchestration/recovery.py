@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.protocol import MetricPoint
 from workers.checkpoint_layout import latest_step
+from workers.protocol import MetricPoint
 from workers.training.journal import read_journal
 
 

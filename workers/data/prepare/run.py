@@ -96,6 +96,7 @@ def prepare(
     text_field: str = "text",
     ray_address: str | None = None,
     num_cpus: int | None = None,
+    workers: int | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     progress: ProgressFn | None = None,
     inline: bool = False,
@@ -105,9 +106,10 @@ def prepare(
     """Prepare `source` into `out` (see the module docstring); returns the manifest. Idempotent.
 
     `inline=True` tokenizes in this process instead of on Ray (a training rank, tests and tiny
-    corpora: no cluster start); `planned` is this source's `plan_dataset(...)` when the caller
-    made it; unchanged files' shards are linked from `reuse_from` (another prepared dataset) as
-    from `out`."""
+    corpora: no cluster start); `workers` caps the tokenize tasks running at once on Ray (default:
+    as many as the cluster's free CPUs allow; a cap leaves a shared cluster room for its jobs);
+    `planned` is this source's `plan_dataset(...)` when the caller made it; unchanged files'
+    shards are linked from `reuse_from` (another prepared dataset) as from `out`."""
     report = progress or (lambda p: None)
     p = planned or plan_dataset(
         source,
@@ -119,7 +121,9 @@ def prepare(
     )
     out_dir = Path(out).resolve()
     with exclusive(aside(out_dir, "lock")):  # one prepare at a time writes into out_dir
-        return _prepare_locked(p, out_dir, ray_address, num_cpus, report, inline, reuse_from)
+        return _prepare_locked(
+            p, out_dir, ray_address, num_cpus, workers, report, inline, reuse_from
+        )
 
 
 def _prepare_locked(
@@ -127,6 +131,7 @@ def _prepare_locked(
     out_dir: Path,
     ray_address: str | None,
     num_cpus: int | None,
+    workers: int | None,
     report: ProgressFn,
     inline: bool,
     reuse_from: Path | None,
@@ -186,7 +191,11 @@ def _prepare_locked(
     try:
         errors = []
         if rows:
-            done = map(tokenize_chunk, rows) if inline else _run_rows(rows, ray_address, num_cpus)
+            done = (
+                map(tokenize_chunk, rows)
+                if inline
+                else _run_rows(rows, ray_address, num_cpus, workers)
+            )
             for r in done:
                 if r["error"]:
                     errors.append(r["error"])
@@ -212,7 +221,7 @@ def _prepare_locked(
 
 
 def _run_rows(
-    rows: list[dict[str, Any]], address: str | None, num_cpus: int | None
+    rows: list[dict[str, Any]], address: str | None, num_cpus: int | None, workers: int | None
 ) -> Iterator[dict[str, Any]]:
     """The chunks through one Ray Data map, in parallel; results as they finish."""
     import ray.data
@@ -220,5 +229,7 @@ def _run_rows(
     _ensure_ray(address, num_cpus)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
-    ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map(tokenize_chunk, num_cpus=1)
+    ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map(
+        tokenize_chunk, num_cpus=1, concurrency=workers
+    )
     yield from ds.iter_rows()

@@ -342,7 +342,8 @@ def test_cli_data_prepare_runs_on_ray(ray_head: RayHead, tmp_path: Path) -> None
     env = {**os.environ, **ray_head.client_env(), "PYTHONPATH": str(ROOT)}
     args = [str(src), "--tokenizer", str(tok_dir), "--out", str(tmp_path / "ds")]
     cmd = [sys.executable, "-m", "api.cli", "data", "prepare", *args, "--text-field", "body"]
-    cmd += ["--json", "--ray-address", ray_head.gcs_address]
+    # one tokenize task at a time: one worker process loads the tokenizer once for all three files
+    cmd += ["--json", "--ray-address", ray_head.gcs_address, "--workers", "1"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout[done.stdout.index("{") :])
@@ -393,3 +394,18 @@ def test_identical_files_share_shards_and_count_twice(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(PrepareError, match="is not a prepared dataset"):
         prepare(src, tmp_path / "file", tokenizer="bytes", inline=True)
+
+
+def test_workers_must_be_positive() -> None:
+    """`--workers 0` would start no tokenize task and wait forever: refused by the parser."""
+    import argparse
+
+    from workers import prepare_args
+
+    parser = argparse.ArgumentParser()
+    prepare_args.add_arguments(parser)
+    base = ["src", "--tokenizer", "bytes", "--out", "ds"]
+    assert parser.parse_args([*base, "--workers", "3"]).workers == 3
+    assert parser.parse_args(base).workers is None
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--workers", "0"])
