@@ -247,6 +247,10 @@ class Client:
     def cluster(self) -> ClusterOut:
         return ClusterOut.model_validate(self._get("/v1/cluster"))
 
+    def data_roots(self) -> list[str]:
+        """The folders the server lets jobs and datasets read and write (`RINGTRAIN_DATA_ROOTS`)."""
+        return list(self._get("/v1/datasets/roots")["data_roots"])
+
     def create_eval(
         self,
         lengths: list[int],

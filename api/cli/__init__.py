@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     serve.add_commands(sub, srv)
     jobs.add_commands(sub, common)
-    data.add_commands(sub)
+    data.add_commands(sub, common)
     evals.add_commands(sub, common)
     return p
 

@@ -141,6 +141,20 @@ async def list_datasets(request: Request, ctx: Ctx, owner: Owner) -> list[dict[s
     return await asyncio.to_thread(_service(request, ctx).list, owner)
 
 
+class DataRoots(BaseModel):
+    data_roots: list[str] = Field(
+        description="the folders a job's data, a dataset's source and output may lie in"
+    )
+
+
+@router.get("/roots", response_model=DataRoots, responses=ERRORS)
+async def data_roots(ctx: Ctx, owner: Owner) -> DataRoots:
+    """The allowed data roots (`RINGTRAIN_DATA_ROOTS`), resolved: where `ringtrain data prepare`
+    should write a dataset that jobs on this server will read. (Declared before `/{dataset_id}`;
+    dataset ids never read "roots".)"""
+    return DataRoots(data_roots=[str(r) for r in ctx.settings.resolved_data_roots()])
+
+
 @router.get("/{dataset_id}", response_model=DatasetOut, responses=ERRORS)
 async def get_dataset(
     dataset_id: DatasetId, request: Request, ctx: Ctx, owner: Owner

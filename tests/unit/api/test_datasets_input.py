@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 from tests.support.api_harness import running
 
@@ -20,3 +22,36 @@ def test_chat_with_the_bytes_tokenizer_is_a_422_naming_format(tmp_path: Path) ->
         # the same request as text is fine: the refusal is about the pair, not either field
         ok = c.post("/v1/datasets", json={**body, "format": "text", "tokenizer": "bytes"})
         assert ok.status_code == 201, ok.text
+
+
+def test_cli_prepare_refuses_an_out_outside_the_servers_data_roots(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """With a server configured, `ringtrain data prepare --out` outside its data roots stops before
+    any work (exit 2, saying where to prepare instead): a job reading it there would be refused.
+    Inside a root, or with no server to ask, nothing is said."""
+    from api.cli import main
+    from api.cli.data import outside_server_roots
+    from tests.support.api_harness import ALICE
+
+    roots = tmp_path / "data"
+    roots.mkdir()
+    src = tmp_path / "corpus.txt"
+    src.write_text("a document")
+    outside = tmp_path / "elsewhere" / "ds"
+    with running(tmp_path, data_roots=[str(roots)]) as srv:
+        with srv.client() as c:
+            assert c.get("/v1/datasets/roots").json() == {"data_roots": [str(roots.resolve())]}
+        base = ["data", "prepare", str(src), "--tokenizer", "bytes", "--url", srv.url]
+        code = main([*base, "--token", ALICE, "--out", str(outside)])
+        said = " ".join(capsys.readouterr().out.split())
+        assert code == 2, said
+        assert f"--out {outside} is outside the data roots" in said and str(roots) in said, said
+        assert not outside.exists() and not outside.parent.exists()  # nothing was prepared
+
+        args = argparse.Namespace(url=srv.url, token=ALICE, out=str(roots / "ds"))
+        assert outside_server_roots(args) is None  # inside a root
+        args.out = str(outside)
+        assert "outside the data roots" in (outside_server_roots(args) or "")
+    # the server is gone: no server to ask, nothing to say (a prepare needs no server)
+    assert outside_server_roots(args) is None
