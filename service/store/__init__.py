@@ -21,8 +21,8 @@ from sqlalchemy import Engine
 from service.store.audit import Audit
 from service.store.database import Database
 from service.store.datasets import Datasets
-from service.store.evals import Evals
 from service.store.errors import JobEnded, JobNotFound, ReportGap, StoreError
+from service.store.evals import Evals
 from service.store.events import Event, EventBus
 from service.store.jobs import Jobs
 from service.store.leases import Deposed, LeaseBusy, Leases, LeaseView
@@ -34,9 +34,9 @@ __all__ = [
     "Database",
     "Datasets",
     "Deposed",
+    "Evals",
     "Event",
     "EventBus",
-    "Evals",
     "JobEnded",
     "JobNotFound",
     "Jobs",
