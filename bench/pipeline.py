@@ -1,0 +1,221 @@
+"""Pipeline parallel on CPU: the measured bubble against theory, and tokens/s against other shapes.
+
+    python -m bench.pipeline [--quick] [--seq 1024] [--d-model 256] [--layers 4] [--steps 6]
+
+One job (native model, default d_model 256, 4 layers, 8 query / 4 K/V heads, ffn_mult 4, byte
+vocabulary; passkey data; fp32; no activation checkpointing; one thread per rank), a global batch
+of M sequences, trained on 2 gloo processes (loopback) in several shapes:
+
+- pp 2 with 1f1b at M = 2, 4, 8 (one stage of layers/2 per rank);
+- pp 2 with interleaved_1f1b and zero_bubble at M = 4 (two stages of layers/4 per rank);
+- ring 2 (the ring-only shape of the same world) and one process, at M = 4 sequences.
+
+step s      = the median of rank 0's `step_time_s` over the steps after the first (the first
+              builds the schedule and allocates the optimizer state);
+compute s   = what the busier rank computes per step when nothing waits: M x the forward+backward
+              of its layers (embedding and first half; or second half, final norm, head and
+              chunked loss) on one microbatch, timed alone on this process (one thread), median
+              of several;
+bubble      = 1 - compute / step: the share of the step the busier rank is not computing (idle at
+              the schedule's ramp-up and drain, plus send/recv and the optimizer step);
+theory      = (P-1) / (M+P-1) for 1f1b; (P-1) / (v M + P-1) with v = 2 virtual stages for
+              interleaved_1f1b; zero_bubble's ideal is below interleaved's (its weight gradients
+              fill the drain), so none is printed;
+ideal step  = compute / (1 - theory): the step the schedule would take with free communication
+              and no optimizer step; "step - ideal" is what the run spends beyond it;
+tok/s       = M x seq / step s; "vs" is over the reference named in the row, measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from tests.support.dist import run_distributed
+from workers.config import JobSpec
+from workers.data import build_source
+from workers.models import build_model, tokenizer_for
+from workers.training.pipeline import StageModule
+from workers.training.trainer import run_training
+
+
+def _spec(
+    args: argparse.Namespace,
+    m: int,
+    *,
+    pp: int = 1,
+    ring: int = 1,
+    schedule: str = "1f1b",
+) -> JobSpec:
+    parallel: dict[str, Any] = {"ring_size": ring, "layout": "zigzag"}
+    if pp > 1:
+        parallel |= {"pipeline_size": pp, "pipeline_schedule": schedule}
+    return JobSpec.model_validate(
+        {
+            "name": "pp-bench",
+            "model": {
+                "d_model": args.d_model,
+                "n_layers": args.layers,
+                "n_heads": 8,
+                "n_kv_heads": 4,
+                "ffn_mult": 4,
+                "tie_embeddings": False,
+            },
+            "data": {"kind": "passkey", "seq_len": args.seq, "key_digits": 3},
+            "parallel": parallel,
+            "train": {
+                "steps": args.steps,
+                "batch_size": m,
+                "microbatches": m if pp > 1 else 1,
+                "warmup_steps": 0,
+            },
+            "checkpoint": {"every_steps": 0},
+            "eval": {"enabled": False},
+            "verify": {"enabled": False},
+        }
+    )
+
+
+def _rank(rank: int, world: int, spec_json: str) -> dict[int, float]:
+    """This rank's `step_time_s` per step."""
+    torch.set_num_threads(1)
+    times: dict[int, float] = {}
+
+    def emit(p: Any) -> None:
+        if p.name == "step_time_s" and p.rank in (None, rank):
+            times[p.step] = p.value
+
+    run_training(JobSpec.model_validate_json(spec_json), checkpoint_dir=None, emit=emit)
+    return times
+
+
+def _step_time(spec: JobSpec, world: int) -> float:
+    """The median step time after the first step, on rank 0 (the rank-less global figure)."""
+    if world == 1:
+        times = _rank(0, 1, spec.model_dump_json())
+    else:
+        times = run_distributed(_rank, world, spec.model_dump_json(), timeout=600)[0]
+    steps = sorted(times)[1:] or sorted(times)
+    return statistics.median(times[s] for s in steps)
+
+
+def _stage_compute(args: argparse.Namespace, repeats: int) -> tuple[float, float]:
+    """Forward+backward of one microbatch (1 sequence) through each half of the model, timed alone
+    on this process: (first stage s, last stage s), medians of `repeats` after one warm-up."""
+    spec = _spec(args, 2, pp=2)
+    model = build_model(spec.model, spec.train.seed)
+    half = args.layers // 2
+    first = StageModule(model, range(half), first=True, last=False)
+    last = StageModule(model, range(half, args.layers), first=False, last=True)
+    batch = build_source(spec, tokenizer_for(spec)).global_batch(0, 1)
+    kw = {"positions": batch.positions.expand(1, -1), "labels": batch.labels}
+    kw["weights"] = batch.weights
+    grad = torch.randn(1, args.seq, args.d_model)
+
+    def run_first() -> None:
+        first(batch.inputs, **kw).backward(grad)
+
+    def run_last() -> None:
+        hidden = torch.randn(1, args.seq, args.d_model, requires_grad=True)
+        last(hidden, **kw).backward()
+
+    out = []
+    for fn in (run_first, run_last):
+        fn()
+        samples = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t)
+        out.append(statistics.median(samples))
+    model.zero_grad(set_to_none=True)
+    return out[0], out[1]
+
+
+def _log(msg: str) -> None:
+    print(f"[bench.pipeline] {msg}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="seq 512, 4 steps: a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.seq, args.steps = 512, 4
+    torch.set_num_threads(1)
+    p = 2
+    print("$ python -m bench.pipeline " + " ".join(sys.argv[1:]))
+    print(
+        f"model d_model {args.d_model}, {args.layers} layers, 8 q / 4 kv heads, ffn_mult 4; "
+        f"seq {args.seq}; microbatch 1 sequence; fp32; one thread per rank; world 2 (gloo); "
+        f"{args.steps} steps, median of steps 2-{args.steps}\n"
+    )
+    t0 = time.time()
+    _log("stage compute alone")
+    first_s, last_s = _stage_compute(args, repeats=5)
+    busy = max(first_s, last_s)
+    print(
+        f"one microbatch forward+backward alone: first stage {first_s * 1e3:.0f} ms, "
+        f"last stage {last_s * 1e3:.0f} ms (the busier one is the compute reference)\n"
+    )
+    cols = [
+        "shape",
+        "M",
+        "step s",
+        "compute s",
+        "bubble",
+        "theory",
+        "bubble / theory",
+        "ideal step s",
+        "step - ideal s",
+        "tok/s",
+        "vs",
+    ]
+    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    rates: dict[str, float] = {}
+
+    def row(name: str, m: int, step: float, theory: float | None, ref: str | None) -> None:
+        rate = m * args.seq / step
+        rates[name] = rate
+        compute = m * busy
+        cells = [name, str(m), f"{step:.3f}"]
+        if theory is None and name.startswith("pp"):
+            cells += [f"{compute:.3f}", f"{1 - compute / step:.2f}", "-", "-", "-", "-"]
+        elif theory is not None:
+            bubble, ideal = 1 - compute / step, compute / (1 - theory)
+            cells += [f"{compute:.3f}", f"{bubble:.2f}", f"{theory:.2f}", f"{bubble / theory:.2f}"]
+            cells += [f"{ideal:.3f}", f"{step - ideal:.3f}"]
+        else:
+            cells += ["-"] * 6
+        vs = f"{rate / rates[ref]:.2f} of {ref}" if ref else "-"
+        print("| " + " | ".join([*cells, f"{rate:.0f}", vs]) + " |", flush=True)
+
+    for m in (2, 4, 8):
+        _log(f"pp 2, 1f1b, M {m}")
+        step = _step_time(_spec(args, m, pp=p), p)
+        row(f"pp 2 1f1b M{m}", m, step, (p - 1) / (m + p - 1), None)
+    for schedule in ("interleaved_1f1b", "zero_bubble"):
+        _log(f"pp 2, {schedule}, M 4")
+        step = _step_time(_spec(args, 4, pp=p, schedule=schedule), p)
+        theory = (p - 1) / (2 * 4 + p - 1) if schedule == "interleaved_1f1b" else None
+        row(f"pp 2 {schedule}", 4, step, theory, "pp 2 1f1b M4")
+    _log("ring 2, batch 4")
+    row("ring 2", 4, _step_time(_spec(args, 4, ring=2), 2), None, "pp 2 1f1b M4")
+    _log("one process, batch 4")
+    row("one process", 4, _step_time(_spec(args, 4), 1), None, "pp 2 1f1b M4")
+    print(f"\n({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
