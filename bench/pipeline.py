@@ -14,8 +14,8 @@ step s      = the median of rank 0's `step_time_s` over the steps after the firs
               builds the schedule and allocates the optimizer state);
 compute s   = what the busier rank computes per step when nothing waits: M x the forward+backward
               of its layers (embedding and first half; or second half, final norm, head and
-              chunked loss) on one microbatch, timed alone on this process (one thread), median
-              of several;
+              chunked loss) on one microbatch, each rank timing its half while the other times
+              its own (both cores busy, as in the schedule's steady state), median of several;
 bubble      = 1 - compute / step: the share of the step the busier rank is not computing (idle at
               the schedule's ramp-up and drain, plus send/recv and the optimizer step);
 theory      = (P-1) / (M+P-1) for 1f1b; (P-1) / (v M + P-1) with v = 2 virtual stages for
@@ -23,6 +23,9 @@ theory      = (P-1) / (M+P-1) for 1f1b; (P-1) / (v M + P-1) with v = 2 virtual s
               fill the drain), so none is printed;
 ideal step  = compute / (1 - theory): the step the schedule would take with free communication
               and no optimizer step; "step - ideal" is what the run spends beyond it;
+fit         = 1f1b's step is M + P - 1 microbatch slots: a line a + b M fitted through the M
+              sweep gives the slot as the run pays it (b) and the bubble in slots (a / b, theory
+              P - 1), and the bubble again with that slot instead of the compute alone;
 tok/s       = M x seq / step s; "vs" is over the reference named in the row, measured in this run.
 """
 
@@ -35,6 +38,7 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from tests.support.dist import run_distributed
 from workers.config import JobSpec
@@ -104,9 +108,11 @@ def _step_time(spec: JobSpec, world: int) -> float:
     return statistics.median(times[s] for s in steps)
 
 
-def _stage_compute(args: argparse.Namespace, repeats: int) -> tuple[float, float]:
-    """Forward+backward of one microbatch (1 sequence) through each half of the model, timed alone
-    on this process: (first stage s, last stage s), medians of `repeats` after one warm-up."""
+def _stage_compute(rank: int, world: int, args: argparse.Namespace, repeats: int) -> float:
+    """Forward+backward of one microbatch (1 sequence) through this rank's half of the model
+    (rank 0: the first, rank 1: the last; `world` 1 times both in turn), median of `repeats`
+    after one warm-up. On 2 ranks both compute at once, as in the schedule's steady state."""
+    torch.set_num_threads(1)
     spec = _spec(args, 2, pp=2)
     model = build_model(spec.model, spec.train.seed)
     half = args.layers // 2
@@ -124,17 +130,29 @@ def _stage_compute(args: argparse.Namespace, repeats: int) -> tuple[float, float
         hidden = torch.randn(1, args.seq, args.d_model, requires_grad=True)
         last(hidden, **kw).backward()
 
-    out = []
-    for fn in (run_first, run_last):
+    fns = [run_first, run_last] if world == 1 else [(run_first, run_last)[rank]]
+    total = 0.0
+    for fn in fns:
         fn()
         samples = []
         for _ in range(repeats):
+            if world > 1:
+                dist.barrier()
             t = time.perf_counter()
             fn()
             samples.append(time.perf_counter() - t)
-        out.append(statistics.median(samples))
-    model.zero_grad(set_to_none=True)
-    return out[0], out[1]
+        total += statistics.median(samples)
+    return total
+
+
+def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares line through (M, step s): (slope, intercept)."""
+    xs, ys = [float(m) for m, _ in points], [s for _, s in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    return slope, my - slope * mx
 
 
 def _log(msg: str) -> None:
@@ -162,12 +180,15 @@ def main() -> None:
         f"{args.steps} steps, median of steps 2-{args.steps}\n"
     )
     t0 = time.time()
-    _log("stage compute alone")
-    first_s, last_s = _stage_compute(args, repeats=5)
+    _log("stage compute, one process")
+    alone = _stage_compute(0, 1, args, 5)
+    _log("stage compute, both ranks at once")
+    first_s, last_s = run_distributed(_stage_compute, p, args, 5, timeout=600)
     busy = max(first_s, last_s)
     print(
-        f"one microbatch forward+backward alone: first stage {first_s * 1e3:.0f} ms, "
-        f"last stage {last_s * 1e3:.0f} ms (the busier one is the compute reference)\n"
+        f"one microbatch forward+backward, both ranks computing at once: first stage "
+        f"{first_s * 1e3:.0f} ms, last stage {last_s * 1e3:.0f} ms (the busier one is the "
+        f"compute reference); both halves in turn on one process alone: {alone * 1e3:.0f} ms\n"
     )
     cols = [
         "shape",
@@ -201,9 +222,11 @@ def main() -> None:
         vs = f"{rate / rates[ref]:.2f} of {ref}" if ref else "-"
         print("| " + " | ".join([*cells, f"{rate:.0f}", vs]) + " |", flush=True)
 
+    sweep: list[tuple[int, float]] = []
     for m in (2, 4, 8):
         _log(f"pp 2, 1f1b, M {m}")
         step = _step_time(_spec(args, m, pp=p), p)
+        sweep.append((m, step))
         row(f"pp 2 1f1b M{m}", m, step, (p - 1) / (m + p - 1), None)
     for schedule in ("interleaved_1f1b", "zero_bubble"):
         _log(f"pp 2, {schedule}, M 4")
@@ -214,6 +237,20 @@ def main() -> None:
     row("ring 2", 4, _step_time(_spec(args, 4, ring=2), 2), None, "pp 2 1f1b M4")
     _log("one process, batch 4")
     row("one process", 4, _step_time(_spec(args, 4), 1), None, "pp 2 1f1b M4")
+    # 1f1b's step is (M + P - 1) microbatch slots: a line in M whose slope is the slot as the run
+    # pays it (compute plus each microbatch's send/recv and schedule work) and whose intercept,
+    # in slots, is the bubble's P - 1 (plus the optimizer step)
+    slope, intercept = _fit(sweep)
+    print(
+        f"\n1f1b steps fitted as a + b M: b = {slope:.3f} s per microbatch slot "
+        f"({slope / busy:.2f} x the compute alone), a = {intercept:.3f} s = "
+        f"{intercept / slope:.2f} slots (theory: P - 1 = {p - 1}, plus the optimizer step)"
+    )
+    for m, step in sweep:
+        print(
+            f"  M {m}: bubble with the fitted slot 1 - M b / step = {1 - m * slope / step:.2f} "
+            f"(theory {(p - 1) / (m + p - 1):.2f})"
+        )
     print(f"\n({time.time() - t0:.0f} s)")
 
 
