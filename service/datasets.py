@@ -18,11 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from service.launcher import DriverStatus, Launcher, TaskRequest
+from service import tasks
+from service.launcher import Launcher, TaskRequest
 from service.models import DatasetRow
 from service.store.datasets import Datasets
+from service.tasks import TERMINAL
 
-TERMINAL = ("SUCCEEDED", "FAILED")
 PREPARE_MODULE = "workers.data.prepare"
 
 
@@ -96,15 +97,9 @@ class DatasetService:
                 updated_at=now,
             )
         )
-        try:
-            sid = self.launcher.run_task(task)
-        except Exception as e:  # the cluster's API refused or is unreachable, no cluster, ...
-            self.datasets.update(
-                dataset_id, state="FAILED", error=f"could not start the prepare on the cluster: {e}"
-            )
-        else:
-            if sid != task.submission_id:
-                self.datasets.update(dataset_id, submission_id=sid)
+        tasks.start(
+            self.launcher, task, lambda **f: self.datasets.update(dataset_id, **f), "prepare"
+        )
         found = self.get(dataset_id, owner)
         assert found is not None
         return found
@@ -122,23 +117,15 @@ class DatasetService:
             return
         progress, result, error = parse_log(log)
         fields: dict[str, Any] = {"progress": progress} if progress else {}
-        if info.status is DriverStatus.SUCCEEDED and result is not None:
-            fields.update(state="SUCCEEDED", result=result)
-        elif info.status in (DriverStatus.FAILED, DriverStatus.STOPPED) or (
-            info.status is DriverStatus.SUCCEEDED and result is None
-        ):
-            fields.update(
-                state="FAILED",
-                error=error or info.message or f"the prepare ended {info.status.value}",
-            )
-        elif info.status is DriverStatus.UNKNOWN:  # never again known: it would wait forever
-            fields.update(
-                state="FAILED",
-                error=f"the cluster no longer knows the prepare ({info.message}); "
+        fields.update(
+            tasks.outcome(
+                info,
+                result,
+                error,
+                "prepare",
                 "prepare again: a finished prepare makes that a no-op",
             )
-        elif info.status is DriverStatus.RUNNING:
-            fields["state"] = "RUNNING"
+        )
         if any(getattr(row, k) != v for k, v in fields.items()):  # a write only for news
             self.datasets.update(dataset_id, **fields)
 

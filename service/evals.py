@@ -25,15 +25,16 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service import tasks
 from service.artifacts import model_dir
-from service.launcher import DriverStatus, Launcher, TaskRequest
+from service.launcher import Launcher, TaskRequest
 from service.models import EvalRow
 from service.store.errors import JobNotFound
 from service.store.evals import Evals
 from service.store.jobs import Jobs
+from service.tasks import TERMINAL
 from workers.config import MAX_SEQ_LEN
 
-TERMINAL = ("SUCCEEDED", "FAILED")
 EVAL_MODULE = "workers.evals"
 # workers.evals.ruler.TASKS, named here because the control plane does not import the evaluation
 # code (tests/unit/service/test_evals.py keeps the two equal)
@@ -267,15 +268,7 @@ class EvalService:
                 updated_at=now,
             )
         )
-        try:
-            sid = self.launcher.run_task(task)
-        except Exception as e:  # the cluster's API refused or is unreachable, no cluster, ...
-            self.evals.update(
-                eval_id, state="FAILED", error=f"could not start the evaluation on the cluster: {e}"
-            )
-        else:
-            if sid != task.submission_id:
-                self.evals.update(eval_id, submission_id=sid)
+        tasks.start(self.launcher, task, lambda **f: self.evals.update(eval_id, **f), "evaluation")
         found = self.get(eval_id, owner)
         assert found is not None
         return found
@@ -296,22 +289,7 @@ class EvalService:
         total = (row.progress or {}).get("samples_total")
         if done:
             fields["progress"] = {"samples_done": done, "samples_total": total}
-        if info.status is DriverStatus.SUCCEEDED and report is not None:
-            fields.update(state="SUCCEEDED", result=report)
-        elif info.status in (DriverStatus.FAILED, DriverStatus.STOPPED) or (
-            info.status is DriverStatus.SUCCEEDED and report is None
-        ):
-            fields.update(
-                state="FAILED",
-                error=error or info.message or f"the evaluation ended {info.status.value}",
-            )
-        elif info.status is DriverStatus.UNKNOWN:  # never again known: it would wait forever
-            fields.update(
-                state="FAILED",
-                error=f"the cluster no longer knows the evaluation ({info.message}); run it again",
-            )
-        elif info.status is DriverStatus.RUNNING:
-            fields["state"] = "RUNNING"
+        fields.update(tasks.outcome(info, report, error, "evaluation", "run it again"))
         if any(getattr(row, k) != v for k, v in fields.items()):  # a write only for news
             self.evals.update(eval_id, **fields)
 

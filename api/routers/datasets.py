@@ -16,14 +16,15 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from api.body import check_path_in_roots
+from api.body import check_path_in_roots, parse_json_body
 from api.deps import Ctx, Owner
-from api.errors import ApiError, from_pydantic
+from api.errors import ApiError
 from api.routers.jobs import ERRORS
 from api.schemas import ErrorResponse
-from service.datasets import TERMINAL, DatasetService, PrepareRequest
+from service.datasets import DatasetService, PrepareRequest
+from service.tasks import TERMINAL
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
@@ -106,16 +107,7 @@ async def create_dataset(request: Request, ctx: Ctx, owner: Owner) -> dict[str, 
 
     The body is read here, after authentication, so a caller without a token learns nothing from its
     body."""
-    try:
-        data = json.loads(await request.body())
-    except (ValueError, RecursionError) as e:
-        raise ApiError(
-            400, f"the request body is not valid JSON: {e}", code="malformed_json"
-        ) from e
-    try:
-        body = DatasetCreate.model_validate(data)
-    except ValidationError as e:
-        raise from_pydantic(e, "dataset request") from e
+    body = parse_json_body(await request.body(), DatasetCreate, "dataset request")
     if body.format == "chat" and body.tokenizer == "bytes":
         # refused now, not as a FAILED prepare later: a chat mask needs the model's chat template
         raise ApiError(
