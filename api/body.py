@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -86,6 +86,24 @@ async def _too_large(send: Send, limit: int) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_json_body(body: bytes, model: type[M], what: str) -> M:
+    """A request model from a JSON body: 400 when it is not JSON, 422 naming the field when it
+    does not validate (`what` names the request in the message)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise ApiError(
+            400, f"the request body is not valid JSON: {e}", code="malformed_json"
+        ) from e
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise from_pydantic(e, what) from e
 
 
 def parse_spec(body: bytes, content_type: str | None) -> JobSpec:

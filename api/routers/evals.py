@@ -9,14 +9,14 @@ evaluation, like another owner's job named as `job`, is a 404, as everywhere.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
+from api.body import parse_json_body
 from api.deps import Ctx, Owner
-from api.errors import ApiError, from_pydantic
+from api.errors import ApiError
 from api.routers.jobs import ERRORS
 from api.schemas import ErrorResponse
 from service.evals import EvalCreate, EvalRefused, EvalService
@@ -91,16 +91,7 @@ async def create_eval(request: Request, ctx: Ctx, owner: Owner) -> dict[str, Any
 
     The body is read here, after authentication, so a caller without a token learns nothing from its
     body."""
-    try:
-        data = json.loads(await request.body())
-    except (ValueError, RecursionError) as e:
-        raise ApiError(
-            400, f"the request body is not valid JSON: {e}", code="malformed_json"
-        ) from e
-    try:
-        body = EvalCreate.model_validate(data)
-    except ValidationError as e:
-        raise from_pydantic(e, "eval request") from e
+    body = parse_json_body(await request.body(), EvalCreate, "eval request")
     try:
         return await asyncio.to_thread(_service(request, ctx).create, owner, body)
     except EvalRefused as e:

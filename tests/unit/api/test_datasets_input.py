@@ -55,3 +55,22 @@ def test_cli_prepare_refuses_an_out_outside_the_servers_data_roots(
         assert "outside the data roots" in (outside_server_roots(args) or "")
     # the server is gone: no server to ask, nothing to say (a prepare needs no server)
     assert outside_server_roots(args) is None
+
+
+def test_dataset_and_eval_bodies_share_one_reader(tmp_path: Path) -> None:
+    """POST /v1/datasets and /v1/evals read their bodies alike: not JSON (or nested past the
+    parser's depth) is a 400 `malformed_json`, a body that does not validate a 422 naming the
+    field; nothing is stored either way."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with running(tmp_path, data_roots=[str(tmp_path)]) as srv, srv.client() as c:
+        for path, bad_field in (("/v1/datasets", "source"), ("/v1/evals", "samples")):
+            for raw in (b"{not json", deep):
+                r = c.post(path, content=raw, headers={"content-type": "application/json"})
+                assert r.status_code == 400, (path, r.text)
+                assert r.json()["error"]["code"] == "malformed_json", (path, r.text)
+            body = {"source": 7} if path == "/v1/datasets" else {"model": str(tmp_path)}
+            if path == "/v1/evals":
+                body |= {"suite": "ruler", "lengths": [4096], "samples": 0}
+            r = c.post(path, json=body)
+            assert r.status_code == 422 and r.json()["error"]["field"] == bad_field, (path, r.text)
+            assert c.get(path).json() == []
