@@ -168,12 +168,18 @@ def exactly_once(c: httpx.Client, jid: str, js: dict[str, Any]) -> dict[str, int
     return counts
 
 
-def each_key_once(pts: list[Any], js: dict[str, Any], seq: bool = True) -> dict[str, int]:
-    """Assert points (dicts with step, name, rank) hold every key of `expected_keys(js)` exactly
-    once, and nothing else; with `seq`, their seq strictly increasing. Returns the counts."""
+def each_key_once(
+    pts: list[Any],
+    js: dict[str, Any],
+    seq: bool = True,
+    want: set[tuple[int, str, int | None]] | None = None,
+) -> dict[str, int]:
+    """Assert points (dicts with step, name, rank) hold every key of `want` (default:
+    `expected_keys(js)`) exactly once, and nothing else; with `seq`, their seq strictly
+    increasing. Returns the counts."""
     keys = Counter((p["step"], p["name"], p.get("rank")) for p in pts)
     stored = set(keys)
-    want = expected_keys(js)
+    want = expected_keys(js) if want is None else want
     counts = {
         "expected": len(want),
         "stored": len(pts),

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from tests.integration.test_faults import (
     TERMINAL,
     VERIFY_NAMES,
     checkpoint_at_least,
+    each_key_once,
     exactly_once,
     expected_keys,
     finished,
@@ -463,21 +463,7 @@ def exactly_once_elastic(
     want = {k for k in expected_keys(js) if k[2] is None or k[2] < ranks_at.get(k[0], 0)}
     want |= {(s, "world_size", None) for s in ranks_at}
     want |= {(s, name, None) for s in resized_at for name in VERIFY_NAMES}
-    keys = Counter((p["step"], p["name"], p.get("rank")) for p in pts)
-    stored = set(keys)
-    counts = {
-        "expected": len(want),
-        "stored": len(pts),
-        "lost": len(want - stored),
-        "unexpected": len(stored - want),
-        "duplicated": sum(n - 1 for n in keys.values() if n > 1),
-        "loss_points": sum(1 for k in stored if k[1] == "loss"),
-    }
-    assert stored == want, (counts, sorted(want - stored)[:10], sorted(stored - want)[:10])
-    assert counts["duplicated"] == 0, (counts, [k for k, n in keys.items() if n > 1][:10])
-    seqs = [p["seq"] for p in pts]
-    assert seqs == sorted(set(seqs))  # seq strictly increasing, never reused
-    return counts
+    return each_key_once(pts, js, want=want)
 
 
 def uninterrupted_losses(js: dict[str, Any]) -> dict[int, float]:
