@@ -206,11 +206,19 @@ class NetCluster:
         raise AssertionError(f"host {name} still alive after {timeout}s")
 
     def restart(self, name: str) -> None:
-        """The host comes back (a new Ray node on the same address)."""
-        self.kill(name)
-        self.link(name, True)
-        self.start(name)
-        self.wait_alive({name})
+        """The host comes back (a new Ray node on the same address). A node start that times out
+        on a loaded machine (`ray start`: "the current node timed out during startup", seen in a
+        clean CI run) is the harness's hiccup, not the product's: it is tried once more."""
+        for attempt in (1, 2):
+            self.kill(name)
+            self.link(name, True)
+            self.start(name)
+            try:
+                self.wait_alive({name}, timeout=90 if attempt == 1 else 120)
+                return
+            except AssertionError:
+                if attempt == 2:
+                    raise
 
 
 def build(k: int, tag: str) -> NetCluster:
