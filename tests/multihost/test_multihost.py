@@ -50,7 +50,15 @@ from workers.training.checkpoint import latest_step
 from workers.training.journal import read_journal
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.multihost, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+# One worker runs the whole module (make test's pytest-xdist): the cluster is built once, and no
+# two 4-rank rings across "hosts" compete for the machine's 2 cores.
+pytestmark = [
+    pytest.mark.multihost,
+    pytest.mark.ray,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.xdist_group("multihost"),
+]
 
 # Ray's GCS declares a node dead after `failure_threshold` missed health checks, `period_ms` apart (defaults: 5 × 3 s
 # plus a 10 s timeout each). Shortened so that a partition is detected in ~2-3 s.
@@ -61,10 +69,11 @@ HEALTH_ENV = {
     "RAY_health_check_failure_threshold": "4",
 }
 WORKER_CPUS = 2
-# The faults come right after checkpoint 10 is seen, and a lost host or link stops the ring at once:
-# 15 steps of margin (a 4-rank step across the hosts took 1.3-2 s on 2 cores at load average ~13,
-# so 20 s or more) are plenty, and the resumed run trains 15 steps across both hosts again.
-STEPS = 25
+# The fault comes right after checkpoint FAULT_AT is seen, and a lost link stops the ring at once
+# (its next collective cannot complete): 10 steps of margin (a 4-rank step across the hosts took
+# 1.3-2 s on 2 cores at load average ~13, so 13 s or more) are plenty, and the resumed run trains
+# those 10 steps across both hosts again.
+STEPS, FAULT_AT = 15, 5
 HEAD_PORT, DASH_PORT = 6380, 8266
 
 
@@ -667,7 +676,7 @@ def test_partition_longer_than_the_health_timeout_resumes_exactly_once(
     with control_plane(tmp_path, nc) as srv, http(srv.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]
         running_across(c, nc, jid, 4)
-        checkpoint_at_least(tmp_path / "ckpt" / jid, 10, timeout=180)
+        checkpoint_at_least(tmp_path / "ckpt" / jid, FAULT_AT, timeout=180)
         t_cut, wall_cut = time.monotonic(), time.time()
         nc.link("w2", False)
         try:
@@ -678,7 +687,7 @@ def test_partition_longer_than_the_health_timeout_resumes_exactly_once(
         finally:
             nc.link("w2", True)
         recovered, retry, counts = resumes_once_w2_is_back(c, nc, jid, js, t_cut)
-        assert newest is not None and newest >= 10, newest
+        assert newest is not None and newest >= FAULT_AT, newest
         assert retry["resume_step"] == newest, (retry, newest)
         print(
             f"\n[hosts] partition: w2 cut off; Ray declared it dead after {dead_after:.1f}s, RETRYING {detected:.1f}s "
@@ -688,19 +697,17 @@ def test_partition_longer_than_the_health_timeout_resumes_exactly_once(
         nothing_left(nc, jid, 4)
 
 
-# -- 3. cancelled while a host is lost, and while one is cut off -----------------------------------------------------
-@pytest.mark.parametrize("fault", ["node-loss", "partition"])
-def test_cancel_during_host_fault_leaves_nothing(
-    healthy: NetCluster, tmp_path: Path, fault: str
-) -> None:
+# -- 3. cancelled while a host is cut off ----------------------------------------------------------------------------
+def test_cancel_during_a_partition_leaves_nothing(healthy: NetCluster, tmp_path: Path) -> None:
+    """Cancelled while the job waits to be placed again after w2 was cut off: no actor, no placement group and no
+    active job is left, although w2's rank processes were still alive behind the cut. A cancel after a node loss
+    (w2's processes gone) is the easier case of the same path (the driver stops waiting for a placement and releases
+    what it holds), so it has no job of its own."""
     nc = healthy
     with control_plane(tmp_path, nc) as srv, http(srv.url) as c:
-        jid = c.post("/v1/jobs", json=ring_spec(4, 400, f"mh-cancel-{fault}")).json()["id"]
+        jid = c.post("/v1/jobs", json=ring_spec(4, 400, "mh-cancel-partition")).json()["id"]
         running_across(c, nc, jid, 4)
-        if fault == "node-loss":
-            nc.kill("w2")
-        else:
-            nc.link("w2", False)
+        nc.link("w2", False)
         try:
             wait_job(
                 c,
@@ -720,4 +727,4 @@ def test_cancel_during_host_fault_leaves_nothing(
             assert active["total"] == 0
         finally:
             nc.link("w2", True)
-        print(f"\n[hosts] cancel during {fault}: {states(job)}")
+        print(f"\n[hosts] cancel during a partition: {states(job)}")
