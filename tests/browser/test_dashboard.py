@@ -614,12 +614,20 @@ def test_real_ray_job_live_and_cancel(
     browser: Any, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A job run by the real driver on the session's local Ray head: the chart grows live, the ring shows both
-    ranks, and the dashboard's cancel stops it on Ray."""
+    ranks, and the dashboard's cancel stops it on Ray: the driver's Ray job STOPPED, both rank actors dead, the
+    placement group removed (released, not leaked). Cancelling again (the API) and stopping the finished Ray job
+    again are no-ops."""
     import sys
 
+    from api.client import Client
+    from service.launcher import DriverStatus
     from service.ray_jobs import (
         RayJobLauncher,
     )  # a project module: failing to import it fails the test
+    from tests.support.ray_fixtures import ray_state
+
+    def mine(kind: str, jid: str) -> list[dict[str, Any]]:
+        return [x for x in ray_state(head, kind) if (x.get("name") or "").startswith(f"rt-{jid}-")]
 
     head = request.getfixturevalue("ray_head")
     launcher = RayJobLauncher(head.jobs_url, auth_token=head.auth_token, python=sys.executable)
@@ -671,6 +679,8 @@ def test_real_ray_job_live_and_cancel(
         pg.locator("#ring svg .rank").nth(1).wait_for()
         assert pg.locator("#ring svg .rank").count() == 2
         wait_js(pg, "() => document.querySelector('#job-state')?.textContent === 'RUNNING'")
+        assert [g["state"] for g in mine("placement_groups", job["id"])] == ["CREATED"]
+        assert sorted(a["state"] for a in mine("actors", job["id"])) == ["ALIVE", "ALIVE"]
         shot(pg, "dashboard-ray-job")
         pg.click("#cancel-button")
         pg.click("#confirm-yes")
@@ -680,6 +690,33 @@ def test_real_ray_job_live_and_cancel(
             timeout=90000,
         )
         assert not errs.unexpected(), errs.unexpected()
+        c = Client(srv.url, ALICE)
+        got = c.get_job(job["id"])
+        assert [t.to_state.value for t in got.transitions] == [
+            "QUEUED",
+            "PLACING",
+            "RUNNING",
+            "CANCELLED",
+        ]
+        sid = got.submission_id
+        assert sid
+        wait_for(lambda: launcher.status(sid).status.finished, timeout=60, interval=1)
+        assert launcher.status(sid).status == DriverStatus.STOPPED
+        wait_for(
+            lambda: all(a["state"] == "DEAD" for a in mine("actors", job["id"])),
+            timeout=30,
+            interval=0.5,
+        )
+        wait_for(
+            lambda: all(g["state"] == "REMOVED" for g in mine("placement_groups", job["id"])),
+            timeout=30,
+            interval=0.5,
+        )
+        assert len(mine("actors", job["id"])) == 2
+        assert len(mine("placement_groups", job["id"])) == 1
+        launcher.stop(sid)  # stopping a finished Ray job is a no-op
+        assert launcher.status(sid).status == DriverStatus.STOPPED
+        assert c.cancel(job["id"]).state.value == "CANCELLED"  # and so is cancelling again
     finally:
         ctx.close()
         srv.stop()
