@@ -229,7 +229,13 @@ class ParallelDims:
 
 def stage_layers(n_layers: int, stages: int, split: Sequence[int] | None = None) -> list[range]:
     """The layer indices of each pipeline stage, in order: `split` (layers per stage) or an even
-    split. The spec's rules (`workers.config.rules.pipeline_problem`) refuse what fails here."""
+    split. The spec's rules (`workers.config.rules.pipeline_problem`) refuse what fails here;
+    `auto` is the control plane's to resolve (`service.planner.resolve_pipeline_split`)."""
+    if isinstance(split, str):
+        raise ValueError(
+            f"parallel.pipeline_split {split!r} is resolved by the control plane at submission "
+            "(`ringtrain plan SPEC` shows the split it chooses): give the list of layers per stage"
+        )
     sizes = list(split) if split is not None else [n_layers // stages] * stages
     if len(sizes) != stages or sum(sizes) != n_layers or min(sizes) < 1:
         raise ValueError(f"cannot split {n_layers} layers into {stages} stages as {sizes}")

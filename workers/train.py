@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             "`ringtrain plan SPEC --fit --memory-per-rank GIB` and put the ring_size it chooses in "
             "the spec"
         )
+    if any(st.spec.parallel.pipeline_split == "auto" for st in spec.stage_plan()):
+        parser.error(
+            "parallel.pipeline_split: auto is resolved by the control plane at submission; here, "
+            "run `ringtrain plan SPEC` and put the split it shows (memory.pipeline.split) in the "
+            "spec"
+        )
     done = (latest_step(args.checkpoint_dir) or 0) if args.checkpoint_dir is not None else 0
     stage = spec.stage_at(done)
     need = stage.spec.parallel.world_size

@@ -15,7 +15,7 @@ from api.routers.jobs import ERRORS, SPEC_BODY, fit_or_422, resolve_ring_auto
 from api.schemas import ClusterOut, ErrorResponse, FitOut, PlanOut
 from service import admission
 from service.launcher import ClusterInfo
-from service.planner import plan
+from service.planner import plan, resolve_pipeline_split
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
@@ -101,11 +101,13 @@ async def plan_job(
             )
         if any(st.spec.parallel.ring_auto for st in spec.stage_plan()):
             spec = await resolve_ring_auto(ctx, spec)
+        spec = resolve_pipeline_split(spec)
         p = plan(spec.largest_stage().spec, cluster)
     else:
         if fitting or spec.parallel.ring_auto:
             field = "fit.memory_per_rank_gib" if fitting else "parallel.ring_size"
             spec, chosen = fit_or_422(spec, cluster, budget, field)
+        spec = resolve_pipeline_split(spec)  # the split `auto` chooses, as submission stores it
         p = plan(spec, cluster)
     if cluster_error:
         p.warnings.insert(0, cluster_error + " - placement not previewed")

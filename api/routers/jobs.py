@@ -26,7 +26,7 @@ from service import admission, capacity
 from service.elastic import elastic_refusal
 from service.init_from import InitFromRefused, resolve_init_from
 from service.launcher import ClusterInfo
-from service.planner import GIB, device_memory, plan
+from service.planner import GIB, device_memory, plan, resolve_pipeline_split
 from service.verification import Outcome, verification_is
 from workers.config import JobSpec, with_overrides
 from workers.protocol import JobState
@@ -164,6 +164,7 @@ async def create_job(request: Request, response: Response, ctx: Ctx, owner: Owne
             raise ApiError(422, str(e), field=e.field) from e
     if any(s.spec.parallel.ring_auto for s in spec.stage_plan()):
         spec = await resolve_ring_auto(ctx, spec)  # now, against the devices' memory; stored so
+    spec = resolve_pipeline_split(spec)  # `auto`: the planner's balanced split, stored
     cluster = await check_against_cluster(ctx, spec)
     if (refused := elastic_refusal(spec, cluster)) is not None:
         raise ApiError(422, refused[1], field=refused[0])

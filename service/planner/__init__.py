@@ -16,10 +16,13 @@ from service.planner.memory import (
     CPU_RUNTIME_TP_BYTES,
     LOSS_CHUNK_TOKENS,
     activation_terms,
+    balanced_split,
     block_param_count,
     local_block_param_count,
     memory_estimate,
     param_count,
+    pipeline_rank_bytes,
+    resolve_pipeline_split,
 )
 from service.planner.preview import (
     Plan,
@@ -40,6 +43,7 @@ __all__ = [
     "Plan",
     "RankSlot",
     "activation_terms",
+    "balanced_split",
     "block_param_count",
     "device_memory",
     "fit",
@@ -47,7 +51,9 @@ __all__ = [
     "memory_estimate",
     "node_resources",
     "param_count",
+    "pipeline_rank_bytes",
     "plan",
     "preview_landing",
+    "resolve_pipeline_split",
     "suggest_split",
 ]

@@ -41,19 +41,26 @@ parameters, fp32 master shards) follow the code and are unmeasured: the caching 
 beyond live tensors, NCCL's buffers and the pinned host memory of offload are not in
 `max_memory_allocated`, so not in the estimate either.
 
-Pipeline parallel (`parallel.pipeline_size` P > 1): the busiest pipeline rank is estimated (the
-one holding the most layers, its stages' share of the root counted whole). Its state is its
-layers' parameters sharded over its stage's S = D x R x U ranks (not sharded under zero_bubble,
-whose stages run without FSDP); every token count above is one microbatch's (b / M rows), and the
-activations are kept for F microbatch-stages at once, F the most a rank holds in flight under the
-schedule (torch.distributed.pipelining's warmup on pipeline rank 0):
+Pipeline parallel (`parallel.pipeline_size` P > 1): each pipeline rank r is estimated on its own
+(`pipeline_rank_bytes`) and `total_bytes` is the busiest's. Its state is its stages' layers, plus
+the embedding with the first stage and the final norm and head with the last, sharded over its
+stage's S = D x R x U ranks (not sharded under zero_bubble, whose stages run without FSDP, and
+then nothing is gathered); the chunked loss is the last stage's. Every token count above is one
+microbatch's (b / M rows); the activations are those of the microbatch-stages the rank's schedule
+holds at once, each with its own stage's layers, found by walking the rank's order of work as
+torch.distributed.pipelining builds it (`schedule_ops`; V = 2 stages per rank, m_r = M / max(1,
+M // P) microbatches per round):
 
-    1f1b               F = min(M, P)                                  (stages of L_s layers)
-    interleaved_1f1b,  F = min(M·V, (V - 1)·m_r + 2·(P - 1) + 1)      (V = 2 stages per rank,
-    zero_bubble                                                        m_r = M / max(1, M // P))
+    1f1b               min(M, P - r) forwards before the first backward
+    interleaved_1f1b   (V - 1)·m_r + 2·(P - 1 - r) forwards, then forward-backward pairs
+    zero_bubble        (V - 1)·m_r + (P - 1 - r) forwards; a microbatch-stage is freed only by its
+                       deferred weight gradient, and from its input backward on it also holds its
+                       weights' output gradients (q, k, v, o, gate, up, down, both norms)
 
-plus each stage's receive buffers (the input and its gradient, [b / M, t, d]). Unmeasured: the
-formula follows the schedules' order of work, not a measured peak.
+plus torch's receive buffers, one per microbatch (M): a stage's input (all but the first) and its
+output's gradient (all but the last), [b / M, t, d] each. `balanced_split` (`pipeline_split:
+auto`) gives each stage the layers that minimise the busiest rank's estimate. Measured against
+each rank's peak at worlds 2 and 4 on CPU: bench/pipeline.py --memory (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -170,25 +177,83 @@ def _ring_buffer_bytes(ring: int, kv_heads: int, kvd: int, tokens: int, act_byte
     return tokens * per_chunk * 2 * (act_bytes + 4)
 
 
-def microbatches_in_flight(schedule: str, pipeline_size: int, microbatches: int) -> int:
-    """The most microbatch-stages whose activations one pipeline rank keeps at once (rank 0, which
-    runs the longest warmup): see the module docstring."""
-    P, M = pipeline_size, microbatches
+ScheduleOp = tuple[str, int]  # ("F" forward | "B" backward | "W" deferred weight grad, local stage)
+
+
+def schedule_ops(
+    schedule: str, pipeline_size: int, microbatches: int, rank: int
+) -> list[ScheduleOp]:
+    """Pipeline rank `rank`'s compute in the order torch.distributed.pipelining runs it (the
+    local stage of each op: 0, or 0/1 for the two virtual stages of the interleaved schedules).
+
+    1f1b (`Schedule1F1B`): min(M, P - rank) forwards, then backward-forward pairs, then the
+    remaining backwards. interleaved_1f1b and zero_bubble (`_get_1f1b_rank_ops`): rounds of
+    m_r = M / max(1, M // P) microbatches per local stage; (V - 1) m_r + k (P - 1 - rank)
+    forwards first (k = 2 interleaved, 1 zero bubble), then forward-backward pairs, then the
+    remaining backwards; zero bubble's weight gradient (W) of a backward runs `rank` ops after it
+    and its activations live until then."""
+    P, M, r = pipeline_size, microbatches, rank
     if schedule == "1f1b":
-        return min(M, P)
-    V = 2
+        warm = min(M, P - r)
+        ops: list[ScheduleOp] = [("F", 0)] * warm
+        for i in range(M):
+            ops.append(("B", 0))
+            if warm + i < M:
+                ops.append(("F", 0))
+        return ops
+    V, zb = 2, schedule == "zero_bubble"
     per_round = M // max(1, M // P)
-    return min(M * V, (V - 1) * per_round + 2 * (P - 1) + 1)
+    warm = min((V - 1) * per_round + (1 if zb else 2) * (P - 1 - r), M * V)
+    total = M * V
+
+    def fwd(op: int) -> int:
+        return (op // per_round) % V
+
+    def bwd(op: int) -> int:
+        return V - 1 - ((op - warm) // per_round) % V
+
+    ops, backwards = [], []
+    for op in range(total + warm):
+        if op < total:
+            ops.append(("F", fwd(op)))
+        if op < warm:
+            continue
+        ops.append(("B", bwd(op)))
+        backwards.append(bwd(op))
+        if zb and op - warm >= r:
+            ops.append(("W", backwards[len([o for o in ops if o[0] == "W"])]))
+    done = len([o for o in ops if o[0] == "W"])
+    ops += [("W", stage) for stage in backwards[done:]] if zb else []
+    return ops
 
 
-def _pipeline_rank_layers(spec: JobSpec) -> tuple[int, int]:
-    """(layers on the busiest pipeline rank, layers of its largest stage)."""
-    p = spec.parallel
-    ranges = stage_layers(spec.model.n_layers, p.pipeline_stages, p.pipeline_split)
-    per_rank = [0] * p.pipeline_size
-    for s, layers in enumerate(ranges):
-        per_rank[stage_rank(s, p.pipeline_size)] += len(layers)
-    return max(per_rank), max(len(r) for r in ranges)
+def in_flight_peak(
+    ops: list[ScheduleOp], cost: list[float], held: list[float] | None = None
+) -> float:
+    """The most bytes (or microbatch-stages, with cost 1 per stage) a rank's schedule holds at
+    once: a forward of local stage l adds cost[l] (its saved activations) and its backward frees
+    them; under zero bubble the backward for the inputs (B) also adds held[l] (the gradients of
+    the weights' outputs, kept for the weight gradient) and the deferred weight gradient (W)
+    frees both."""
+    held = held or [0.0] * len(cost)
+    deferred = any(kind == "W" for kind, _ in ops)
+    live = peak = 0.0
+    for kind, stage in ops:
+        if kind == "F" or (kind == "B" and deferred):
+            live += cost[stage] if kind == "F" else held[stage]
+            peak = max(peak, live)
+        else:
+            live -= cost[stage] + (held[stage] if deferred else 0.0)
+    return peak
+
+
+def microbatches_in_flight(
+    schedule: str, pipeline_size: int, microbatches: int, rank: int = 0
+) -> int:
+    """The most microbatch-stages whose activations pipeline rank `rank` keeps at once (rank 0
+    runs the longest warmup): see `schedule_ops`."""
+    ops = schedule_ops(schedule, pipeline_size, microbatches, rank)
+    return int(in_flight_peak(ops, [1.0, 1.0]))
 
 
 def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, Any]:
@@ -254,70 +319,184 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
     }
 
 
-def _pipeline_estimate(spec: JobSpec, acc: str, whole: dict[str, int]) -> dict[str, Any]:
-    """The busiest pipeline rank's bytes: `whole` (the same shape without a pipeline) with state,
-    activations and token-sized terms redone for its layers and microbatches."""
+def _split_of(spec: JobSpec) -> list[int]:
+    """Layers per stage: the spec's split, an even one, or (`auto`) the balanced one."""
+    p = spec.parallel
+    if p.pipeline_split == "auto":
+        return balanced_split(spec)
+    if p.pipeline_split is not None:
+        return list(p.pipeline_split)
+    return [len(r) for r in stage_layers(spec.model.n_layers, p.pipeline_stages)]
+
+
+def pipeline_rank_bytes(
+    spec: JobSpec, split: list[int] | None = None, accelerator: str | None = None
+) -> list[dict[str, int]]:
+    """Each pipeline rank's estimated bytes by part (index: the rank's place on the pipeline
+    dimension; every rank of its stage slice holds the same), for `split` layers per stage
+    (default: the spec's).
+
+    A rank holds its stages' layers and, with the first stage, the embedding; with the last, the
+    final norm, the head and the chunked loss. Its activations are those of the microbatch-stages
+    its schedule keeps in flight (`schedule_ops`), each stage's weighted by its own layers."""
     m, p, tr = spec.model, spec.parallel, spec.train
-    T = p.tensor_size
-    S = (
-        1
-        if p.pipeline_schedule == "zero_bubble"
-        else p.data_parallel * p.ring_size * p.ulysses_size
+    acc = accelerator or ("gpu" if spec.resources.accelerator == "gpu" else "cpu")
+    split = split if split is not None else _split_of(spec)
+    T, P, M = p.tensor_size, p.pipeline_size, tr.microbatches
+    fsdp = p.pipeline_schedule != "zero_bubble"  # zero bubble's stages keep whole parameters
+    S = p.data_parallel * p.ring_size * p.ulysses_size if fsdp else 1
+    p_block = local_block_param_count(spec)
+    d, V = m.d_model, m.vocab_size
+    act_bytes, gathered_bytes = (2, 2) if acc == "gpu" else (4, 4)
+    b = tr.batch_size // p.data_parallel
+    t = spec.data.seq_len // (p.ring_size * p.ulysses_size)
+    mb_tokens = b // M * t
+    terms = activation_terms(spec)
+    # per token: what a stage keeps once per microbatch (embedding output or final norm input,
+    # RoPE tables), and per layer (less what offload moves to the host)
+    extra = (2 if m.norm_keeps_normalized else 1) * d + m.head_dim
+    kept_per_layer = (terms["kept"] - extra - terms["offloaded"]) / m.n_layers
+    # zero bubble, per token and layer, from a microbatch's input backward to its weight
+    # gradient: the gradients of every weight's output (q, k, v, o; gate, up, down; both norms)
+    weight_grads = 0
+    if p.pipeline_schedule == "zero_bubble":
+        weight_grads = (m.n_heads + 2 * m.kv_heads) * m.head_dim // T + 2 * m.ffn_hidden // T
+        weight_grads += 4 * d
+    tile = _tile_tokens(spec, mb_tokens)
+    chunk = min(LOSS_CHUNK_TOKENS, mb_tokens)
+    kvd = m.kv_heads * m.head_dim // T
+    runtime = (
+        CPU_RUNTIME_BYTES + m.cpu_runtime_bytes + (CPU_RUNTIME_TP_BYTES if T > 1 else 0)
+        if acc == "cpu"
+        else 0
     )
-    P = param_count(spec)
-    rank_layers, stage_max = _pipeline_rank_layers(spec)
-    p_root = P - m.n_layers * block_param_count(spec)
-    p_rank = rank_layers * local_block_param_count(spec) + p_root
-    act_bytes = 2 if acc == "gpu" else 4
+    stages = len(split)
+    out = []
+    for r in range(P):
+        local = [s for s in range(stages) if stage_rank(s, P) == r]
+        first, last = 0 in local, stages - 1 in local
+        root = (V * d if first else 0) + ((V * d + d) if last else 0)
+        p_rank = sum(split[s] for s in local) * p_block + root
+        ops = schedule_ops(p.pipeline_schedule, P, M, r)
+        floats = in_flight_peak(
+            ops,
+            [kept_per_layer * split[s] + extra for s in local],
+            [weight_grads * split[s] for s in local],
+        )
+        out.append(
+            {
+                "runtime": runtime,
+                "params": 4 * p_rank // S,
+                "grads": 4 * p_rank // S,
+                "adamw": 8 * p_rank // S,
+                # FSDP's gathered copies: two blocks and the rank's root, their fp32 gradients
+                "gathered": (
+                    gathered_bytes * (root + 2 * p_block) + 4 * (root + p_block) if fsdp else 0
+                ),
+                "activations": int(act_bytes * mb_tokens * floats),
+                "backward_working_set": act_bytes
+                * (mb_tokens * terms["working"] + tile * terms["working_tile"]),
+                "loss": 4 * (2 * chunk * V + V * d + 2 * mb_tokens * d) if last else 0,
+                "ring_buffers": _ring_buffer_bytes(
+                    p.ring_size, m.kv_heads // T, kvd, mb_tokens, act_bytes
+                ),
+                # torch's receive buffers, one per microbatch: a stage's input (all but the
+                # first) and its output's gradient (all but the last)
+                "pipeline_buffers": act_bytes
+                * mb_tokens
+                * d
+                * M
+                * sum((s > 0) + (s < stages - 1) for s in local),
+            }
+        )
+    return out
+
+
+def balanced_split(spec: JobSpec, accelerator: str | None = None) -> list[int]:
+    """`parallel.pipeline_split: auto`: layers per stage that minimise the busiest pipeline
+    rank's estimate (`pipeline_rank_bytes`). Every stage starts with one layer; each further
+    layer goes to the stage whose rank's estimate is then smallest (ties: the earlier stage).
+    With one stage per rank a rank's bytes grow linearly in its layers and this greedy choice is
+    the min-max optimum; with two stages per rank it is a good split, not a proven best."""
+    stages, n_layers = spec.parallel.pipeline_stages, spec.model.n_layers
+    if n_layers < stages:
+        raise ValueError(f"cannot split {n_layers} layers into {stages} stages")
+    P = spec.parallel.pipeline_size
+    split = [1] * stages
+    for _ in range(n_layers - stages):
+        best: tuple[int, int] | None = None
+        for s in range(stages):
+            trial = split.copy()
+            trial[s] += 1
+            total = sum(pipeline_rank_bytes(spec, trial, accelerator)[stage_rank(s, P)].values())
+            if best is None or total < best[0]:
+                best = (total, s)
+        assert best is not None
+        split[best[1]] += 1
+    return split
+
+
+def _pipeline_estimate(spec: JobSpec, acc: str, whole: dict[str, int]) -> dict[str, Any]:
+    """The busiest pipeline rank's bytes (`pipeline_rank_bytes`), in `whole`'s parts (the same
+    shape's estimate without a pipeline) plus the receive buffers."""
+    m, p, tr = spec.model, spec.parallel, spec.train
+    split = _split_of(spec)
+    ranks = pipeline_rank_bytes(spec, split, acc)
+    totals = [sum(r.values()) for r in ranks]
+    busiest = max(range(len(ranks)), key=lambda r: (totals[r], -r))
+    parts = {k: ranks[busiest][k] for k in [*whole, "pipeline_buffers"]}
     b = tr.batch_size // p.data_parallel
     t = spec.data.seq_len // (p.ring_size * p.ulysses_size)
     mb_tokens = b // tr.microbatches * t
-    flight = microbatches_in_flight(p.pipeline_schedule, p.pipeline_size, tr.microbatches)
-    terms = activation_terms(spec)
-    extra = (2 if m.norm_keeps_normalized else 1) * m.d_model + m.head_dim
-    per_layer = (terms["kept"] - extra) / m.n_layers
-    offloaded_per_layer = terms["offloaded"] / m.n_layers
-    kept = flight * (per_layer * stage_max + extra)
-    offloaded = flight * offloaded_per_layer * stage_max
-    tile = _tile_tokens(spec, mb_tokens)
-    chunk = min(LOSS_CHUNK_TOKENS, mb_tokens)
-    d, kvd, V = m.d_model, m.kv_heads * m.head_dim // T, m.vocab_size
-    parts = dict(whole)
-    parts.update(
-        {
-            "params": 4 * p_rank // S,
-            "grads": 4 * p_rank // S,
-            "adamw": 8 * p_rank // S,
-            "activations": int(act_bytes * mb_tokens * (kept - offloaded)),
-            "backward_working_set": act_bytes
-            * (mb_tokens * terms["working"] + tile * terms["working_tile"]),
-            "loss": 4 * (2 * chunk * V + V * d + 2 * mb_tokens * d),
-            "ring_buffers": _ring_buffer_bytes(
-                p.ring_size, m.kv_heads // T, kvd, mb_tokens, act_bytes
-            ),
-            "pipeline_buffers": act_bytes * mb_tokens * d * 2 * p.virtual_stages,
-        }
-    )
+    local = [s for s in range(len(split)) if stage_rank(s, p.pipeline_size) == busiest]
+    flight = microbatches_in_flight(p.pipeline_schedule, p.pipeline_size, tr.microbatches, busiest)
+    offloaded = activation_terms(spec)["offloaded"] / m.n_layers * sum(split[s] for s in local)
     return {
-        "param_count": P,
+        "param_count": param_count(spec),
         "world_size": p.world_size,
         "local_tokens": t,
         "local_batch": b,
-        "mlp_tile_tokens": tile,
+        "mlp_tile_tokens": _tile_tokens(spec, mb_tokens),
         "accelerator": acc,
-        "offloaded_bytes": int(act_bytes * mb_tokens * offloaded),
+        "offloaded_bytes": int((2 if acc == "gpu" else 4) * mb_tokens * offloaded * flight),
         "bytes": parts,
-        "total_bytes": sum(parts.values()),
+        "total_bytes": totals[busiest],
         "pipeline": {
             "stages": p.pipeline_stages,
-            "layers_on_rank": rank_layers,
+            "split": split,
+            "busiest_rank": busiest,
+            "rank_total_bytes": totals,
+            "layers_on_rank": sum(split[s] for s in local),
             "microbatch_tokens": mb_tokens,
             "microbatches_in_flight": flight,
         },
-        "formula": "pipeline rank with the most layers: runtime + 16*P_r/S (its layers and the "
-        "root, sharded over the stage's S = D*R*U ranks; 1 under zero_bubble) + gathered blocks "
-        "+ activations of F microbatches in flight (1f1b: min(M, P); interleaved_1f1b and "
-        "zero_bubble: min(2M, m_r + 2(P-1) + 1)) of b/M rows x t tokens each, for the rank's "
-        "largest stage + the backward's working set, chunked loss and ring buffers of one "
-        "microbatch + the stages' receive buffers",
+        "formula": "busiest pipeline rank r: runtime + 16*P_r/S (its layers, plus the embedding "
+        "with the first stage and the norm and head with the last, sharded over the stage's "
+        "S = D*R*U ranks; 1 under zero_bubble) + FSDP's gathered blocks + the activations of the "
+        "microbatch-stages its schedule keeps in flight (1f1b: min(M, P - r); interleaved_1f1b: "
+        "(V-1) m_r + 2 (P-1-r) + 1; zero_bubble: (V-1) m_r + (P-1-r) + 1, each until its weight "
+        "gradient, with its weights' output gradients from its input backward on), each of its "
+        "own stage's layers, of b/M rows x t tokens + the backward's "
+        "working set and ring buffers of one microbatch + the chunked loss (last stage) + the "
+        "stages' receive buffers (M of the input, M of the output's gradient)",
     }
+
+
+def resolve_pipeline_split(spec: JobSpec) -> JobSpec:
+    """`spec` with every `parallel.pipeline_split: auto` (the job's, each stage's) replaced by
+    `balanced_split`: what the control plane stores at submission, so the trainer and a
+    resubmitted driver run the split the planner chose and never re-decide it."""
+    if spec.parallel.pipeline_split != "auto" and not any(
+        st.spec.parallel.pipeline_split == "auto" for st in spec.stage_plan()
+    ):
+        return spec
+    data = spec.model_dump(mode="json")
+    if spec.parallel.pipeline_split == "auto":
+        top = spec.model_copy(update={"stages": None}) if spec.stages else spec
+        data["parallel"]["pipeline_split"] = balanced_split(top)
+    for st in spec.stage_plan() if spec.stages else []:
+        if st.spec.parallel.pipeline_split == "auto":
+            stage = data["stages"][st.index]
+            stage["parallel"] = {**(stage.get("parallel") or {})}
+            stage["parallel"]["pipeline_split"] = balanced_split(st.spec)
+    return JobSpec.model_validate(data)

@@ -70,7 +70,8 @@ def pipeline_problem(spec: JobSpec) -> tuple[str, object, str] | None:
 
     Microbatches split each replica's rows evenly (a stage's buffers are sized once, from the
     first microbatch); every stage holds at least one layer; the split is even unless
-    `parallel.pipeline_split` says otherwise. What the pipeline does not carry yet is refused by
+    `parallel.pipeline_split` gives the layers per stage, or `auto` (the planner's balance by its
+    memory estimate, resolved at submission). What the pipeline does not carry yet is refused by
     name rather than run wrong: tied embeddings (the head would live on two stages), pretrained
     models, and the per-job check and evals (they run the whole model on every rank)."""
     p, t = spec.parallel, spec.train
@@ -130,7 +131,9 @@ def pipeline_problem(spec: JobSpec) -> tuple[str, object, str] | None:
             f"stages (parallel.pipeline_size {size} x {p.virtual_stages} per rank for "
             f"{p.pipeline_schedule}); every stage needs a layer",
         )
-    if p.pipeline_split is not None:
+    if p.pipeline_split == "auto":
+        pass  # the planner balances any n_layers >= stages (`service.planner.balanced_split`)
+    elif p.pipeline_split is not None:
         split = p.pipeline_split
         if len(split) != stages:
             return (

@@ -172,12 +172,16 @@ class ParallelConfig(StrictModel):
         description="1f1b: one stage per pipeline rank; interleaved_1f1b and zero_bubble: two "
         "virtual stages per rank (torch.distributed.pipelining's schedules)",
     )
-    pipeline_split: list[Annotated[int, Field(ge=1)]] | None = Field(
+    pipeline_split: (
+        Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=2, max_length=MAX_WORLD)]
+        | Literal["auto"]
+        | None
+    ) = Field(
         None,
-        min_length=2,
-        max_length=MAX_WORLD,
         description="layers per stage, in order (one entry per stage: pipeline_size x virtual "
-        "stages); default: an even split",
+        "stages), or auto: the planner balances the stages by its memory estimate (the first "
+        "stage carries the embedding, the last the head and the loss; resolved at submission); "
+        "default: an even split",
     )
 
     auto_fields: ClassVar[frozenset[str]] = frozenset({"ring_size"})
@@ -190,6 +194,23 @@ class ParallelConfig(StrictModel):
             return AUTO_RING
         if isinstance(v, int) and not isinstance(v, bool) and v == AUTO_RING:
             raise ValueError("ring_size must be >= 1 or auto")
+        return v
+
+    @field_validator("pipeline_split", mode="before")
+    @classmethod
+    def _split_shape(cls, v: Any) -> Any:
+        """One error at `parallel.pipeline_split` for anything but auto, null or a list of two
+        or more layer counts >= 1 (the union would otherwise report each of its branches)."""
+        if v is None or v == "auto":
+            return v
+        ok = isinstance(v, list) and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v
+        )
+        if not ok or not 2 <= len(v) <= MAX_WORLD:
+            raise ValueError(
+                f"pipeline_split must be auto or a list of 2 to {MAX_WORLD} layer counts >= 1 "
+                f"(one per stage), got {v!r}"
+            )
         return v
 
     @field_serializer("ring_size")

@@ -446,6 +446,23 @@ def test_plan_and_cluster(tmp_path):
         )
         cl = c.get("/v1/cluster").json()
         assert cl["gpus_total"] == 8 and cl["gpus_free"] == 6 and len(cl["nodes"]) == 2
+        # pipeline_split auto: plan shows the planner's split, submission stores it as a list
+        pp = {
+            **TINY_SPEC,
+            "model": {"d_model": 32, "n_layers": 5, "n_heads": 2, "tie_embeddings": False},
+            "parallel": {"ring_size": 1, "pipeline_size": 2, "pipeline_split": "auto"},
+            "train": {"steps": 5, "batch_size": 2, "microbatches": 2},
+            "verify": {"enabled": False},
+            "eval": {"enabled": False},
+        }
+        planned = c.post("/v1/plan", json=pp).json()
+        split = planned["spec"]["parallel"]["pipeline_split"]
+        assert split == planned["memory"]["pipeline"]["split"] and sum(split) == 5
+        job = c.post("/v1/jobs", json=pp)
+        assert job.status_code == 201 and job.json()["spec"]["parallel"]["pipeline_split"] == split
+        bad = c.post("/v1/plan", json={**pp, "parallel": {**pp["parallel"], "pipeline_split": "x"}})
+        assert bad.status_code == 422
+        assert bad.json()["error"]["field"] == "parallel.pipeline_split"
 
 
 def test_health_metrics_and_openapi(srv):

@@ -88,6 +88,13 @@ def test_stage_layers_and_ranks() -> None:
         ),
         ({"model": {"n_layers": 1}}, ("parallel", "pipeline_size"), "too small"),
         (
+            {"parallel": {"pipeline_split": "auto"}, "model": {"n_layers": 1}},
+            ("parallel", "pipeline_size"),
+            "too small",
+        ),
+        ({"parallel": {"pipeline_split": "even"}}, ("parallel", "pipeline_split"), "auto or a"),
+        ({"parallel": {"pipeline_split": [0, 4]}}, ("parallel", "pipeline_split"), "auto or a"),
+        (
             {"parallel": {"pipeline_schedule": "interleaved_1f1b"}, "model": {"n_layers": 3}},
             ("parallel", "pipeline_size"),
             "too small",
@@ -119,6 +126,11 @@ def test_valid_splits_pass() -> None:
     assert spec.parallel.pipeline_stages == 3
     inter = tiny_spec(**_pp(parallel={"pipeline_schedule": "interleaved_1f1b"}))
     assert inter.parallel.pipeline_stages == 4
+    # auto: any n_layers >= stages; the planner chooses, the trainer never sees it unresolved
+    auto = tiny_spec(**_pp(parallel={"pipeline_split": "auto"}, model={"n_layers": 3}))
+    assert auto.parallel.pipeline_split == "auto"
+    with pytest.raises(ValueError, match="resolved by the control plane"):
+        stage_layers(3, 2, auto.parallel.pipeline_split)
 
 
 def test_placement_keeps_each_stage_on_one_node() -> None:
