@@ -110,11 +110,20 @@ def _moved(ref: dict[str, Any], spec: str) -> float:
 
 @pytest.mark.multiprocess
 def test_pp2_equals_one_process(tmp_path: Path) -> None:
-    """Fast tier: 1F1B on 2 pipeline ranks, 2 microbatches of 1 row."""
-    ref = _run(1, _spec(), tmp_path / "ref")
-    assert _moved(ref, _spec()) > 20 * PARAM_ATOL
-    got = _run(2, _spec(pipeline_size=2, m=2), tmp_path / "pp2")
-    _compare("pp2", got, ref)
+    """Fast tier: 1F1B on 2 pipeline ranks, 2 microbatches of 2 rows, 6 layers split by the
+    planner (`pipeline_split: auto`, resolved as submission resolves it): the first stage holds
+    two microbatches in flight, the last one, so the split is uneven."""
+    from service.planner import resolve_pipeline_split
+    from workers.config import JobSpec
+
+    base: dict[str, Any] = {"batch": 4, "layers": 6}
+    ref = _run(1, _spec(**base), tmp_path / "ref")
+    assert _moved(ref, _spec(**base)) > 20 * PARAM_ATOL
+    auto = JobSpec.model_validate_json(_spec(pipeline_size=2, m=2, pipeline_split="auto", **base))
+    split = resolve_pipeline_split(auto).parallel.pipeline_split
+    assert isinstance(split, list) and sum(split) == 6 and split != [3, 3], split
+    got = _run(2, _spec(pipeline_size=2, m=2, pipeline_split=split, **base), tmp_path / "pp2")
+    _compare("pp2, pipeline_split auto", got, ref)
     # the export gathers every stage into one transformers directory, as one process writes it
     exported = load_file(tmp_path / "pp2" / "model" / "model.safetensors")
     expected = load_file(tmp_path / "ref" / "model" / "model.safetensors")
