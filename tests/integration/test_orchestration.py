@@ -192,23 +192,41 @@ def test_two_rank_job_succeeds_in_order_and_trains_on_while_the_control_plane_is
     )
 
 
-# -- stages ----------------------------------------------------------------------------------------------------------
+# -- stages, the second one ring x tensor parallel --------------------------------------------------------------------
 @pytest.mark.ray
 @pytest.mark.slow
-def test_each_stage_is_placed_on_its_own_group_and_the_steps_continue(harness: Harness) -> None:
-    """One rank for a short stage, then a ring of 2 for a longer one: the driver releases the first
-    group and places the second (PLACING again), which resumes from the first stage's checkpoint;
-    every step reports its loss and stage once."""
+def test_each_stage_is_placed_on_its_own_group_and_a_tensor_stage_trains_exactly(
+    harness: Harness,
+) -> None:
+    """One rank for a short stage, then ring 2 x tensor 2 for a longer one: the driver releases the
+    first group and places the second (PLACING again) with one bundle per tensor group (so Ray keeps
+    each on one node) and four rank actors; the second stage resumes from the first stage's
+    checkpoint; every step reports its loss and stage once, and the curve is the one process's
+    (stages reshard exactly and tensor parallelism is exact)."""
+    stages = [
+        {"steps": 2, "name": "short"},
+        {
+            "steps": 2,
+            "name": "long",
+            "data": {"seq_len": 256},
+            "parallel": {"ring_size": 2, "tensor_size": 2},
+        },
+    ]
     spec = tiny_spec(
         parallel={"ring_size": 1},
         train={"steps": 4},
         checkpoint={"every_steps": 0},
-        stages=[
-            {"steps": 2, "name": "short"},
-            {"steps": 2, "name": "long", "data": {"seq_len": 256}, "parallel": {"ring_size": 2}},
-        ],
+        stages=stages,
     )
     sid = harness.submit("st1", spec)
+
+    def second_running(j: Any) -> bool:
+        return sum(s["state"] == "RUNNING" for s in j.states) == 2
+
+    harness.wait_for("st1", second_running, 180, "stage 2 RUNNING")
+    groups = {pg["name"].rsplit("-", 1)[1]: pg for pg in job_pgs(harness.head, "st1")}
+    bundles = [b.get("unit_resources") for b in groups["s1"].get("bundles", [])]
+    assert bundles == [{"CPU": 2.0}, {"CPU": 2.0}], groups["s1"]
     final = harness.finish("st1", sid, timeout_s=180)
     assert final["state"] == "SUCCEEDED", final
     job = harness.receiver.jobs["st1"]
@@ -220,7 +238,8 @@ def test_each_stage_is_placed_on_its_own_group_and_the_steps_continue(harness: H
         "SUCCEEDED",
     ]
     first, second = (s for s in job.states if s["state"] == "RUNNING")
-    assert [len(first["placement"]), len(second["placement"])] == [1, 2]
+    assert [p["rank"] for p in first["placement"]] == [0]
+    assert [p["rank"] for p in second["placement"]] == [0, 1, 2, 3]
     assert (first["metadata"]["stage"], second["metadata"]["stage"]) == (0, 1)
     assert "stage 2/2 (long)" in second["reason"] and "from step 2" in job.states[2]["reason"]
     assert losses(job) == [1, 2, 3, 4]
@@ -229,37 +248,20 @@ def test_each_stage_is_placed_on_its_own_group_and_the_steps_continue(harness: H
     assert [n.rsplit("-", 1)[1] for n in names] == ["s0", "s1"], names
     assert (harness.tmp / "st1" / "model" / "config.json").is_file()
 
-
-# -- ring x tensor parallel ------------------------------------------------------------------------------------------
-@pytest.mark.ray
-@pytest.mark.slow
-def test_tensor_groups_share_a_bundle_and_the_job_trains(harness: Harness) -> None:
-    """ring 2 x tensor 2: two placement bundles (one per tensor group, so Ray keeps each on one
-    node), four rank actors, and the same loss as one process (tensor parallelism is exact)."""
-    spec = tiny_spec(parallel={"ring_size": 2, "tensor_size": 2}, train={"steps": 4})
-    sid = harness.submit("tp1", spec)
-    harness.wait_for("tp1", lambda j: any(s["state"] == "RUNNING" for s in j.states), 120, "RUN")
-    pgs = job_pgs(harness.head, "tp1")
-    assert len(pgs) == 1, pgs
-    bundles = [b.get("unit_resources") for b in pgs[0].get("bundles", [])]
-    assert bundles == [{"CPU": 2.0}, {"CPU": 2.0}], pgs[0]
-    final = harness.finish("tp1", sid)
-    assert final["state"] == "SUCCEEDED", final
-    job = harness.receiver.jobs["tp1"]
-    running = next(s for s in job.states if s["state"] == "RUNNING")
-    assert [p["rank"] for p in running["placement"]] == [0, 1, 2, 3]
-    tp_loss = [p["value"] for p in job.points if p["name"] == "loss"]
-
-    # the reference: the same spec on one process, here (the global batch never depends on the
+    # the reference: the same stages on one process, here (the global batch never depends on the
     # shape, so one process computes the same curve)
     from workers.training.trainer import run_training
 
     reference: list[Any] = []
-    plain = tiny_spec(parallel={"ring_size": 1}, train={"steps": 4}, checkpoint={"every_steps": 0})
-    run_training(plain, checkpoint_dir=None, emit=reference.append)
-    ring_loss = [p.value for p in reference if p.name == "loss" and p.rank is None]
-    assert len(tp_loss) == len(ring_loss) == 4
-    assert max(abs(a - b) / abs(b) for a, b in zip(tp_loss, ring_loss, strict=True)) < 1e-5
+    one = [{**st, "parallel": {"ring_size": 1}} for st in stages]
+    plain = tiny_spec(
+        parallel={"ring_size": 1}, train={"steps": 4}, checkpoint={"every_steps": 0}, stages=one
+    )
+    run_training(plain, checkpoint_dir=harness.tmp / "reference", emit=reference.append)
+    want = [p.value for p in reference if p.name == "loss" and p.rank is None]
+    got = [p["value"] for p in job.points if p["name"] == "loss"]
+    assert len(got) == len(want) == 4
+    assert max(abs(a - b) / abs(b) for a, b in zip(got, want, strict=True)) < 1e-5
 
 
 # -- training code raises ------------------------------------------------------------------------------------------
