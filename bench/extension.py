@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +39,12 @@ from workers.evals.scoring import THRESHOLD, effective_length
 from workers.protocol import MetricPoint
 
 DEPTHS = [0.1, 0.5, 0.9]
+ROPE: dict[str, dict[str, Any]] = {  # stage *extend*'s model override
+    "linear": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},  # position interpolation
+    # a larger base (NTK-aware for 4x: 10000 * 4 ** (16 / 14) with head_dim 16)
+    "theta": {"rope_theta": 50000.0},
+    "none": {},  # the same RoPE: what training at 4L alone does
+}
 
 
 def write_model(out: Path, length: int, seed: int = 0) -> Path:
@@ -91,7 +98,7 @@ def job_spec(model_dir: Path, args: argparse.Namespace) -> JobSpec:
                     "name": "extend",
                     "steps": args.steps_long,
                     "data": {"seq_len": 4 * n},
-                    "model": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+                    "model": ROPE[args.rope],
                     "train": {"lr": args.lr_long, "warmup_steps": 5},
                 },
             ],
@@ -120,6 +127,7 @@ def main() -> None:
     ap.add_argument("--steps-long", type=int, default=150)
     ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--lr-long", type=float, default=2e-3)
+    ap.add_argument("--rope", choices=list(ROPE), default="linear", help="stage extend's RoPE")
     ap.add_argument("--samples", type=int, default=8, help="keys per (length, depth) cell")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
@@ -130,11 +138,13 @@ def main() -> None:
 
     lengths = [args.length, 2 * args.length, 4 * args.length]
     points: list[MetricPoint] = []
-    seen: list[tuple[float, MetricPoint]] = []
 
     def emit(p: MetricPoint) -> None:
         points.append(p)
-        seen.append((time.perf_counter(), p))
+        if p.rank is None and (
+            (p.name == "loss" and p.step % 50 == 0) or p.name == "passkey_acc"
+        ):  # progress, on stderr
+            print(f"[extension] step {p.step} {p.name} {p.value:.3f}", file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model(Path(tmp) / "model", args.length, args.seed)
@@ -179,7 +189,7 @@ def main() -> None:
     print(
         f"tiny llama (hidden 64, 2 layers, byte tokens), passkey 1 digit; stage short: "
         f"{a} steps at {args.length}; stage extend: {args.steps_long} steps at {4 * args.length}, "
-        f"linear RoPE x4; {args.samples} keys x {len(DEPTHS)} depths per length"
+        f"RoPE {args.rope} {ROPE[args.rope]}; {args.samples} keys x {len(DEPTHS)} depths per length"
     )
     print(f"{'length':>7} {'before':>7} {'after':>7}")
     for n in lengths:
