@@ -120,6 +120,39 @@ def by_length(points: list[MetricPoint], step: int, lengths: list[int]) -> dict[
     return out
 
 
+@torch.no_grad()
+def decoded_by_transformers(model_dir: Path, spec: JobSpec, lengths: list[int]) -> dict[str, float]:
+    """The exported model read back by transformers, asked the job's own eval keys (same
+    generators) and answered by its `generate` (greedy): each length's exact match, the mean over
+    depths. It must equal the job's teacher-forced grid (the same rule, another harness)."""
+    from transformers import AutoModelForCausalLM
+
+    from workers.data import make_sample, sample_generator
+    from workers.data.tokenizer import load_tokenizer
+    from workers.training.evals import EVAL_SALT
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tok = load_tokenizer(str(model_dir))
+    out = {}
+    for n in lengths:
+        hits = []
+        for depth in DEPTHS:
+            for i in range(spec.eval.samples):
+                g = sample_generator(spec.train.seed ^ EVAL_SALT, n, round(depth * 1e4), i)
+                s = make_sample(n, spec.data.key_digits, depth, g, tokenizer=tok)
+                prompt = s.tokens[: s.answer_start + 1][None]
+                new = model.generate(
+                    prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=len(s.tokens) - prompt.shape[1],
+                    do_sample=False,
+                    pad_token_id=0,
+                )
+                hits.append(tok.decode(new[0, prompt.shape[1] :]) == s.key)
+        out[str(n)] = sum(hits) / len(hits)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, default=128, help="stage 1's length L (evals: L, 2L, 4L)")
@@ -156,6 +189,10 @@ def main() -> None:
         result = run_training(spec, checkpoint_dir=ckpt, emit=emit)
         t2 = time.perf_counter()
         exported = json.loads((ckpt / "model" / "config.json").read_text())
+        t3 = time.perf_counter()
+        final = spec.stage_plan()[-1].spec
+        decoded = decoded_by_transformers(ckpt / "model", final, lengths)
+        t4 = time.perf_counter()
     a, b = args.steps_short, args.steps_short + args.steps_long
     assert result.final_step == b, result
     train_s = {
@@ -172,6 +209,7 @@ def main() -> None:
         "lengths": lengths,
         "before": before,
         "after": after,
+        "after_transformers_generate": decoded,
         "effective_length": {
             "before": effective_length(before, THRESHOLD),
             "after": effective_length(after, THRESHOLD),
@@ -183,6 +221,7 @@ def main() -> None:
             "short_total": round(t1 - t0, 1),
             "extend_train": round(train_s["extend"], 1),
             "extend_total": round(t2 - t1, 1),
+            "transformers_check": round(t4 - t3, 1),
         },
         "exported_rope": exported.get("rope_parameters", exported.get("rope_scaling")),
     }
@@ -191,9 +230,10 @@ def main() -> None:
         f"{a} steps at {args.length}; stage extend: {args.steps_long} steps at {4 * args.length}, "
         f"RoPE {args.rope} {ROPE[args.rope]}; {args.samples} keys x {len(DEPTHS)} depths per length"
     )
-    print(f"{'length':>7} {'before':>7} {'after':>7}")
+    print(f"{'length':>7} {'before':>7} {'after':>7} {'after, transformers generate':>29}")
     for n in lengths:
-        print(f"{n:>7} {before[str(n)]:>7.2f} {after[str(n)]:>7.2f}")
+        k = str(n)
+        print(f"{n:>7} {before[k]:>7.2f} {after[k]:>7.2f} {decoded[k]:>29.2f}")
     eff = report["effective_length"]
     print(f"effective length (threshold {THRESHOLD}): before {eff['before']}, after {eff['after']}")
     print(f"loss: {report['loss']}")
