@@ -27,18 +27,41 @@ fit         = 1f1b's step is M + P - 1 microbatch slots: a line a + b M fitted t
               sweep gives the slot as the run pays it (b) and the bubble in slots (a / b, theory
               P - 1), and the bubble again with that slot instead of the compute alone;
 tok/s       = M x seq / step s; "vs" is over the reference named in the row, measured in this run.
+
+    python -m bench.pipeline --memory [--quick] [--seq 2048] [--layers 8] [--steps 3]
+
+Per-rank peak memory against the planner (`service.planner.pipeline_rank_bytes`: each pipeline
+rank's layers, root, loss and the microbatch-stages its schedule holds), at worlds 2 and 4: pp 2
+(1f1b, interleaved_1f1b, zero_bubble, and pp 2 with `pipeline_split: auto`), ring 2; pp 2 x ring
+2, pp 4 (even and auto), pp 2 x dp 2, ring 4. Each shape is a `torchrun -m workers.train` run
+(the real trainer, one thread per rank) of --steps steps, batch 4 sequences (M = 4 microbatches
+of 1 sequence; pp 2 x dp 2: M = 2 per replica):
+
+peak        = each rank's `mem_peak_bytes` (resident set, VmHWM reset per step), the largest over
+              the steps after the first;
+estimate    = the planner's bytes for that rank's place on the pipeline (every rank of a stage
+              slice holds the same; `memory_estimate` without a pipeline); error = estimate /
+              peak - 1, per rank, and the worst;
+tok/s       = the median of the rank-less `tokens_per_s` over the steps after the first; "vs ring"
+              = over the ring-only shape of the same world (ring 2, ring 4) in this run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import yaml
 
 from tests.support.dist import run_distributed
 from workers.config import JobSpec
@@ -145,6 +168,122 @@ def _stage_compute(rank: int, world: int, args: argparse.Namespace, repeats: int
     return total
 
 
+def _memory_spec(
+    args: argparse.Namespace, *, pp: int = 1, ring: int = 1, dp: int = 1, m: int = 4, **par: Any
+) -> dict[str, Any]:
+    """The --memory job: batch 4, M microbatches (1 without a pipeline), `par` more parallel
+    fields (pipeline_schedule, pipeline_split)."""
+    parallel: dict[str, Any] = {"ring_size": ring, "data_parallel": dp, "layout": "zigzag"}
+    if pp > 1:
+        parallel |= {"pipeline_size": pp, **par}
+    return {
+        "name": "pp-memory",
+        "model": {
+            "d_model": args.d_model,
+            "n_layers": args.layers,
+            "n_heads": 8,
+            "n_kv_heads": 4,
+            "ffn_mult": 4,
+            "tie_embeddings": False,
+        },
+        "data": {"kind": "passkey", "seq_len": args.seq, "key_digits": 3},
+        "parallel": parallel,
+        "train": {
+            "steps": args.steps,
+            "batch_size": 4,
+            "microbatches": m if pp > 1 else 1,
+            "warmup_steps": 0,
+        },
+        "checkpoint": {"every_steps": 0},
+        "eval": {"enabled": False},
+        "verify": {"enabled": False},
+    }
+
+
+def _torchrun(spec: dict[str, Any], world: int, steps: int) -> list[dict[str, Any]]:
+    """`torchrun -m workers.train` of `spec` on `world` ranks (one thread each): its metric
+    points."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, out = Path(tmp) / "spec.yaml", Path(tmp) / "m.jsonl"
+        path.write_text(yaml.safe_dump(spec))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += [f"--nproc-per-node={world}", "-m", "workers.train", str(path)]
+        cmd += ["--steps", str(steps), "--metrics-jsonl", str(out)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def memory_table(args: argparse.Namespace) -> None:
+    """Per-rank peak against the planner, and tokens/s against the ring-only shape."""
+    from service.planner import memory_estimate, pipeline_rank_bytes
+
+    auto = {"pipeline_split": "auto"}
+    shapes: list[tuple[str, int, dict[str, Any]]] = [
+        ("ring 2", 2, {"ring": 2}),
+        ("pp 2 1f1b", 2, {"pp": 2}),
+        ("pp 2 1f1b, split auto", 2, {"pp": 2, **auto}),
+        ("pp 2 interleaved_1f1b", 2, {"pp": 2, "pipeline_schedule": "interleaved_1f1b"}),
+        ("pp 2 zero_bubble", 2, {"pp": 2, "pipeline_schedule": "zero_bubble"}),
+        ("ring 4", 4, {"ring": 4}),
+        ("pp 2 x ring 2", 4, {"pp": 2, "ring": 2}),
+        ("pp 2 x dp 2", 4, {"pp": 2, "dp": 2, "m": 2}),
+        ("pp 4 1f1b", 4, {"pp": 4}),
+        ("pp 4 1f1b, split auto", 4, {"pp": 4, **auto}),
+    ]
+    print("$ python -m bench.pipeline " + " ".join(sys.argv[1:]))
+    print(
+        f"model d_model {args.d_model}, {args.layers} layers, 8 q / 4 kv heads, ffn_mult 4; "
+        f"seq {args.seq}; batch 4; fp32; one thread per rank (torchrun, gloo); {args.steps} "
+        f"steps, peaks and tok/s over steps 2-{args.steps}\n"
+    )
+    cols = ["shape", "world", "M", "split", "peak MB per rank", "estimate MB per rank"]
+    cols += ["error per rank", "worst error", "tok/s", "vs ring"]
+    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    ring_rate: dict[int, float] = {}
+    t0 = time.time()
+    for name, world, kw in shapes:
+        _log(f"{name} (world {world})")
+        raw = _memory_spec(args, **kw)
+        job = JobSpec.model_validate(raw)
+        p = job.parallel
+        if p.pipeline_size > 1:
+            est = memory_estimate(job)
+            split = est["pipeline"]["split"]
+            raw["parallel"]["pipeline_split"] = split  # as submission stores `auto`
+            per_stage = [sum(r.values()) for r in pipeline_rank_bytes(job, split)]
+            estimates = [per_stage[r // (world // p.pipeline_size)] for r in range(world)]
+        else:
+            split = None
+            estimates = [memory_estimate(job)["total_bytes"]] * world
+        points = _torchrun(raw, world, args.steps)
+        later = [q for q in points if q["step"] >= 2]
+        peaks = [
+            max(q["value"] for q in later if q["name"] == "mem_peak_bytes" and q["rank"] == r)
+            for r in range(world)
+        ]
+        rate = statistics.median(q["value"] for q in later if q["name"] == "tokens_per_s")
+        if p.pipeline_size == 1:
+            ring_rate[world] = rate
+        errors = [e / m - 1 for e, m in zip(estimates, peaks, strict=True)]
+        worst = max(errors, key=abs)
+        vs = f"{rate / ring_rate[world]:.2f}" if p.pipeline_size > 1 else "-"
+        cells = [
+            name,
+            str(world),
+            str(job.train.microbatches) if p.pipeline_size > 1 else "-",
+            "/".join(map(str, split)) if split else "-",
+            " / ".join(f"{v / 1e6:.0f}" for v in peaks),
+            " / ".join(f"{v / 1e6:.0f}" for v in estimates),
+            " / ".join(f"{e:+.1%}" for e in errors),
+            f"{worst:+.1%}",
+            f"{rate:.0f}",
+            vs,
+        ]
+        print("| " + " | ".join(cells) + " |", flush=True)
+    print(f"\n({time.time() - t0:.0f} s)")
+
+
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     """Least-squares line through (M, step s): (slope, intercept)."""
     xs, ys = [float(m) for m, _ in points], [s for _, s in points]
@@ -163,12 +302,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="seq 512, 4 steps: a smoke run")
+    ap.add_argument(
+        "--memory",
+        action="store_true",
+        help="per-rank peak memory against the planner at worlds 2 and 4 (default here: seq "
+        "2048, 8 layers, 3 steps; --quick: seq 1024)",
+    )
     args = ap.parse_args()
+    if args.memory:
+        args.seq = args.seq or (1024 if args.quick else 2048)
+        args.layers, args.steps = args.layers or 8, args.steps or 3
+        memory_table(args)
+        return
+    args.seq, args.layers, args.steps = args.seq or 1024, args.layers or 4, args.steps or 6
     if args.quick:
         args.seq, args.steps = 512, 4
     torch.set_num_threads(1)
