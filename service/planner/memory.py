@@ -65,6 +65,7 @@ each rank's peak at worlds 2 and 4 on CPU: bench/pipeline.py --memory (BENCHMARK
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -227,6 +228,12 @@ def schedule_ops(
     return ops
 
 
+@functools.lru_cache(maxsize=1024)
+def _cached_ops(schedule: str, size: int, microbatches: int, rank: int) -> list[ScheduleOp]:
+    """`schedule_ops`, once per shape: `balanced_split` walks the same schedules many times."""
+    return schedule_ops(schedule, size, microbatches, rank)
+
+
 def in_flight_peak(
     ops: list[ScheduleOp], cost: list[float], held: list[float] | None = None
 ) -> float:
@@ -330,7 +337,10 @@ def _split_of(spec: JobSpec) -> list[int]:
 
 
 def pipeline_rank_bytes(
-    spec: JobSpec, split: list[int] | None = None, accelerator: str | None = None
+    spec: JobSpec,
+    split: list[int] | None = None,
+    accelerator: str | None = None,
+    ranks: list[int] | None = None,
 ) -> list[dict[str, int]]:
     """Each pipeline rank's estimated bytes by part (index: the rank's place on the pipeline
     dimension; every rank of its stage slice holds the same), for `split` layers per stage
@@ -338,7 +348,8 @@ def pipeline_rank_bytes(
 
     A rank holds its stages' layers and, with the first stage, the embedding; with the last, the
     final norm, the head and the chunked loss. Its activations are those of the microbatch-stages
-    its schedule keeps in flight (`schedule_ops`), each stage's weighted by its own layers."""
+    its schedule keeps in flight (`schedule_ops`), each stage's weighted by its own layers.
+    `ranks`: only these ranks' (in that order; `balanced_split` asks for one at a time)."""
     m, p, tr = spec.model, spec.parallel, spec.train
     acc = accelerator or ("gpu" if spec.resources.accelerator == "gpu" else "cpu")
     split = split if split is not None else _split_of(spec)
@@ -372,12 +383,12 @@ def pipeline_rank_bytes(
     )
     stages = len(split)
     out = []
-    for r in range(P):
+    for r in range(P) if ranks is None else ranks:
         local = [s for s in range(stages) if stage_rank(s, P) == r]
         first, last = 0 in local, stages - 1 in local
         root = (V * d if first else 0) + ((V * d + d) if last else 0)
         p_rank = sum(split[s] for s in local) * p_block + root
-        ops = schedule_ops(p.pipeline_schedule, P, M, r)
+        ops = _cached_ops(p.pipeline_schedule, P, M, r)
         floats = in_flight_peak(
             ops,
             [kept_per_layer * split[s] + extra for s in local],
@@ -428,7 +439,8 @@ def balanced_split(spec: JobSpec, accelerator: str | None = None) -> list[int]:
         for s in range(stages):
             trial = split.copy()
             trial[s] += 1
-            total = sum(pipeline_rank_bytes(spec, trial, accelerator)[stage_rank(s, P)].values())
+            rank = [stage_rank(s, P)]
+            total = sum(pipeline_rank_bytes(spec, trial, accelerator, rank)[0].values())
             if best is None or total < best[0]:
                 best = (total, s)
         assert best is not None
