@@ -135,3 +135,16 @@ def test_auto_split_of_two_stages_per_rank_and_its_resolution() -> None:
     assert stored.parallel.pipeline_split == split
     assert JobSpec.model_validate(stored.model_dump(mode="json")) == stored
     assert resolve_pipeline_split(stored) is stored  # nothing left to resolve
+
+
+def test_auto_split_is_resolved_per_stage() -> None:
+    """A job with stages: each stage's own shape gets its own split (here a stage with 4 pipeline
+    ranks), written into the stage as submission stores what it resolved."""
+    data = _split_spec("auto", layers=8, seq=4096, pipeline_size=2).model_dump(mode="json")
+    data["stages"] = [{"steps": 5}, {"steps": 5, "parallel": {"pipeline_size": 4}}]
+    data["train"].pop("steps")
+    stored = resolve_pipeline_split(JobSpec.model_validate(data))
+    splits = [st.spec.parallel.pipeline_split for st in stored.stage_plan()]
+    assert splits == [balanced_split(st.spec) for st in stored.stage_plan()]
+    assert [len(s) for s in splits] == [2, 4] and all(sum(s) == 8 for s in splits)
+    assert isinstance(stored.parallel.pipeline_split, list)
