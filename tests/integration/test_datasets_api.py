@@ -63,7 +63,10 @@ def test_prepare_list_show_and_follow_a_dataset(ray_head: RayHead, tmp_path: Pat
             timeout=300,
             interval=0.5,
         )
+        # named by file and line through the Ray tasks, nothing left at --out (the CLI's Ray run
+        # relies on this check: tests/unit/workers/data/test_prepare.py)
         assert final["state"] == "FAILED" and f"{bad}:2: not a JSON object" in final["error"]
+        assert not (tmp_path / "bad-ds").exists() and not list(tmp_path.glob(".bad-ds.*"))
 
         outside = c.post("/v1/datasets", json={"source": "/etc/passwd", "out": str(tmp_path / "x")})
         assert outside.status_code == 422 and outside.json()["error"]["field"] == "source"
