@@ -166,8 +166,10 @@ def test_cpu_only_and_single_node() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A real multi-node placement: ray.cluster_utils.Cluster, 3 nodes with 1, 3 and 2 CPUs, in a subprocess so this
-# process never holds Ray state, with its own RAY_TMPDIR, explicit ports and token auth.
+# A real multi-node placement: ray.cluster_utils.Cluster, 3 nodes with 1, 2 and 1 CPUs, in a subprocess so this
+# process never holds Ray state, with its own RAY_TMPDIR, explicit ports and token auth. Uneven nodes, a ring
+# over all three and two rings of which one fits a node: 8 rank actors in all (each a Ray worker process of
+# its own; 1, 3 and 2 CPUs with rings of 6 and 3 needed 12 to show the same).
 
 _SCENARIO = r"""
 import json, sys
@@ -188,14 +190,14 @@ def node_args(cpus, head=False):
 
 cluster = Cluster(initialize_head=True, head_node_args=node_args(1, head=True))
 try:
-    cluster.add_node(**node_args(3))
     cluster.add_node(**node_args(2))
+    cluster.add_node(**node_args(1))
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, namespace="ringtrain-test", logging_level="WARNING")
     out = {"nodes": len([n for n in ray.nodes() if n["Alive"]])}
     base = {"name": "p", "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
             "data": {"kind": "passkey", "seq_len": 96, "key_digits": 2}}
-    for key, ring, dp in (("ring6", 6, 1), ("dp2", 3, 2)):
+    for key, ring, dp in (("ring4", 4, 1), ("dp2", 2, 2)):
         spec = JobSpec.model_validate({**base, "parallel": {"ring_size": ring, "data_parallel": dp},
                                        "train": {"batch_size": dp}})
         reasons = []
@@ -247,25 +249,25 @@ def test_rank_ordering_on_three_simulated_nodes() -> None:
         _kill_processes_mentioning(tmp)
     assert res["nodes"] == 3
 
-    r6 = res["ring6"]
-    assert r6["strategy"] == "PACK"  # no node has 6 CPUs
-    assert "6 rank(s) x (1 CPU)" in r6["reason"]
-    placement = r6["placement"]
-    assert [p["rank"] for p in placement] == list(range(6))
+    r4 = res["ring4"]
+    assert r4["strategy"] == "PACK"  # no node has 4 CPUs
+    assert "4 rank(s) x (1 CPU)" in r4["reason"]
+    placement = r4["placement"]
+    assert [p["rank"] for p in placement] == list(range(4))
     # Reported placement is where each rank's actor really runs.
-    assert [p["node_id"] for p in placement] == r6["actor_node"]
+    assert [p["node_id"] for p in placement] == r4["actor_node"]
     counts: dict[str, int] = {}
     for p in placement:
         counts[p["node_id"]] = counts.get(p["node_id"], 0) + 1
-    assert sorted(counts.values()) == [1, 2, 3]
+    assert sorted(counts.values()) == [1, 1, 2]
     # Ranks on one node are contiguous; the ring crosses node boundaries exactly once per node used.
     seq = [p["node_id"] for p in placement]
-    assert len([i for i in range(6) if seq[i] != seq[i - 1]]) == 3
-    assert r6["crossings"] == [3] and r6["nodes_per_group"] == [3]
+    assert len([i for i in range(4) if seq[i] != seq[i - 1]]) == 3
+    assert r4["crossings"] == [3] and r4["nodes_per_group"] == [3]
     assert all(p["device"] == "cpu" and p["ring"] == 0 for p in placement)
 
     dp2 = res["dp2"]
-    # Two rings of 3 on nodes of 1, 3, 2 CPUs: one ring fits the 3-CPU node, the other spans the other two.
+    # Two rings of 2 on nodes of 1, 2, 1 CPUs: one ring fits the 2-CPU node, the other spans the other two.
     assert dp2["nodes_per_group"] == [1, 2]
     assert dp2["crossings"] == [0, 2]
-    assert [p["ring"] for p in dp2["placement"]] == [0, 0, 0, 1, 1, 1]
+    assert [p["ring"] for p in dp2["placement"]] == [0, 0, 1, 1]
