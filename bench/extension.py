@@ -1,6 +1,7 @@
 """A tiny context extension, end to end on CPU: the effective length before and after.
 
-    python -m bench.extension [--length 128] [--steps-short 400] [--steps-long 150] [--threads 1]
+    python -m bench.extension [--rope linear|theta|none] [--length 128] [--steps-short 400]
+        [--steps-long 150] [--seed 0] [--threads 1] [--json FILE]
 
 A tiny Llama checkpoint with a byte-level tokenizer (written here, nothing downloaded; hidden 64,
 2 layers, 4 heads, 2 KV heads, `max_position_embeddings` = L) trains as one job with two `stages`
@@ -8,17 +9,20 @@ through the project's own training path (`run_training`, one process):
 
 - stage *short*: passkey retrieval (a one-digit key at a random depth in filler text, answer
   weight 10) at L tokens;
-- stage *extend*: the same task at 4L tokens with linear RoPE scaling (position interpolation,
-  factor 4), starting from *short*'s last checkpoint.
+- stage *extend*: the same task at 4L tokens, starting from *short*'s last checkpoint, with
+  linear RoPE scaling (position interpolation, factor 4; `--rope theta`: a larger `rope_theta`;
+  `--rope none`: RoPE unchanged).
 
 The job's own passkey evaluation (exact match of the key by teacher forcing, 8 keys per cell at
 depths 0.1, 0.5 and 0.9) runs at L, 2L and 4L after each stage. A length's score is the mean over
 its depths; the effective length is RULER's rule (`workers.evals.scoring.effective_length`: the
-longest length whose score is at least 0.856).
+longest length whose score is at least 0.856). After the job, the exported model is asked the
+same keys by greedy decoding, through transformers' `generate` and through `ringtrain eval`'s
+pass-Q decoder: both must give the job's scores.
 
 Why passkey and not the RULER tasks of `ringtrain eval`: their needles are 7-digit numbers, and
 copying one needs an induction circuit that a model this small does not form in minutes of CPU
-(BENCHMARKS.md, "Passkey demo": two digits already take hundreds of steps); a one-digit key is the
+(BENCHMARKS.md, "A tiny extension": 0 of the digits in 400 steps); a one-digit key is the
 retrieval a 2-layer model learns in a few hundred steps, so its score can move.
 """
 
@@ -121,35 +125,43 @@ def by_length(points: list[MetricPoint], step: int, lengths: list[int]) -> dict[
 
 
 @torch.no_grad()
-def decoded_by_transformers(model_dir: Path, spec: JobSpec, lengths: list[int]) -> dict[str, float]:
-    """The exported model read back by transformers, asked the job's own eval keys (same
-    generators) and answered by its `generate` (greedy): each length's exact match, the mean over
-    depths. It must equal the job's teacher-forced grid (the same rule, another harness)."""
+def decoded(model_dir: Path, spec: JobSpec, lengths: list[int]) -> dict[str, dict[str, float]]:
+    """The exported model asked the job's own eval keys (same generators), answered by greedy
+    decoding in two harnesses: transformers' `generate`, and `ringtrain eval`'s pass-Q decoder
+    (`workers.evals.generate.greedy_generate`, one rank). Each length's exact match, the mean over
+    depths; both must equal the job's teacher-forced grid (the same rule, other code)."""
     from transformers import AutoModelForCausalLM
 
     from workers.data import make_sample, sample_generator
     from workers.data.tokenizer import load_tokenizer
+    from workers.evals.generate import greedy_generate
+    from workers.models import load_pretrained
     from workers.training.evals import EVAL_SALT
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ring = load_pretrained(model_dir)
     tok = load_tokenizer(str(model_dir))
-    out = {}
+    out: dict[str, dict[str, float]] = {"transformers": {}, "ringtrain_eval": {}}
     for n in lengths:
-        hits = []
+        hits: dict[str, list[bool]] = {k: [] for k in out}
         for depth in DEPTHS:
             for i in range(spec.eval.samples):
                 g = sample_generator(spec.train.seed ^ EVAL_SALT, n, round(depth * 1e4), i)
                 s = make_sample(n, spec.data.key_digits, depth, g, tokenizer=tok)
                 prompt = s.tokens[: s.answer_start + 1][None]
-                new = model.generate(
+                new = len(s.tokens) - prompt.shape[1]
+                ids = hf.generate(
                     prompt,
                     attention_mask=torch.ones_like(prompt),
-                    max_new_tokens=len(s.tokens) - prompt.shape[1],
+                    max_new_tokens=new,
                     do_sample=False,
                     pad_token_id=0,
                 )
-                hits.append(tok.decode(new[0, prompt.shape[1] :]) == s.key)
-        out[str(n)] = sum(hits) / len(hits)
+                hits["transformers"].append(tok.decode(ids[0, prompt.shape[1] :]) == s.key)
+                ids = greedy_generate(ring, prompt[0].tolist(), new)
+                hits["ringtrain_eval"].append(tok.decode(ids) == s.key)
+        for k, v in hits.items():
+            out[k][str(n)] = sum(v) / len(v)
     return out
 
 
@@ -191,7 +203,7 @@ def main() -> None:
         exported = json.loads((ckpt / "model" / "config.json").read_text())
         t3 = time.perf_counter()
         final = spec.stage_plan()[-1].spec
-        decoded = decoded_by_transformers(ckpt / "model", final, lengths)
+        checks = decoded(ckpt / "model", final, lengths)
         t4 = time.perf_counter()
     a, b = args.steps_short, args.steps_short + args.steps_long
     assert result.final_step == b, result
@@ -209,7 +221,8 @@ def main() -> None:
         "lengths": lengths,
         "before": before,
         "after": after,
-        "after_transformers_generate": decoded,
+        "after_transformers_generate": checks["transformers"],
+        "after_ringtrain_eval_decoding": checks["ringtrain_eval"],
         "effective_length": {
             "before": effective_length(before, THRESHOLD),
             "after": effective_length(after, THRESHOLD),
@@ -221,7 +234,7 @@ def main() -> None:
             "short_total": round(t1 - t0, 1),
             "extend_train": round(train_s["extend"], 1),
             "extend_total": round(t2 - t1, 1),
-            "transformers_check": round(t4 - t3, 1),
+            "decoding_checks": round(t4 - t3, 1),
         },
         "exported_rope": exported.get("rope_parameters", exported.get("rope_scaling")),
     }
@@ -230,10 +243,16 @@ def main() -> None:
         f"{a} steps at {args.length}; stage extend: {args.steps_long} steps at {4 * args.length}, "
         f"RoPE {args.rope} {ROPE[args.rope]}; {args.samples} keys x {len(DEPTHS)} depths per length"
     )
-    print(f"{'length':>7} {'before':>7} {'after':>7} {'after, transformers generate':>29}")
+    print(
+        f"{'length':>7} {'before':>7} {'after':>7} {'after, transformers generate':>29} "
+        f"{'after, pass-Q decoding':>23}"
+    )
     for n in lengths:
         k = str(n)
-        print(f"{n:>7} {before[k]:>7.2f} {after[k]:>7.2f} {decoded[k]:>29.2f}")
+        print(
+            f"{n:>7} {before[k]:>7.2f} {after[k]:>7.2f} {checks['transformers'][k]:>29.2f} "
+            f"{checks['ringtrain_eval'][k]:>23.2f}"
+        )
     eff = report["effective_length"]
     print(f"effective length (threshold {THRESHOLD}): before {eff['before']}, after {eff['after']}")
     print(f"loss: {report['loss']}")
