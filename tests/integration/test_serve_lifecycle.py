@@ -141,14 +141,15 @@ def _job(client: httpx.Client, jid: str) -> dict:
 
 def test_a_restarted_serve_continues_its_jobs_from_their_checkpoints(serve: Serve) -> None:
     # Far from done when the first checkpoint (step 5) is seen and everything is killed (a step
-    # ~0.1 s on 2 loaded cores, the kill ~0.5 s after the checkpoint is seen); the resumed attempt
-    # runs 6..25 on the new head.
-    steps = 25
+    # well under 0.1 s on 2 loaded cores, the kill ~0.5 s after the checkpoint is seen); the
+    # resumed attempt runs the rest on the new head.
+    steps = 30
     spec = {
         "name": "survives-serve",
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 2},
         "data": {"kind": "passkey", "seq_len": 128, "key_digits": 2},
-        "parallel": {"ring_size": 2},
+        # one rank: what is tested is serve and its head (multi-rank resumes: test_faults.py)
+        "parallel": {"ring_size": 1},
         "train": {"steps": steps, "lr": 1e-3},
         "checkpoint": {"every_steps": 5, "keep": 2},
         "eval": {"enabled": False},
