@@ -117,11 +117,11 @@ def _with(
 
 
 def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None = None) -> Fit:
-    """The spec it would run: the smallest sequence group (ring x Ulysses, data_parallel as given,
-    world within the cluster's devices) and, at it, the cheapest knobs whose estimate fits the
-    budget (default: `device_memory`); when nothing fits at the spec's tensor_size of 1, larger
-    tensor sizes inside a node (`_tensor_sizes`). ValueError when no budget is given and none is
-    known."""
+    """The spec it would run: the smallest sequence group (ring x Ulysses; pipeline_size and
+    data_parallel as given; world = P x dp x group x tensor within the cluster's devices) and, at
+    it, the cheapest knobs whose estimate fits the budget (default: `device_memory`); when nothing
+    fits at the spec's tensor_size of 1, larger tensor sizes inside a node (`_tensor_sizes`).
+    ValueError when no budget is given and none is known."""
     if memory_per_rank_bytes is None:
         memory_per_rank_bytes, why = device_memory(spec, cluster)
         if memory_per_rank_bytes is None:
@@ -133,6 +133,8 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
     per_node_counts = [bundles_per_node(bundle, node_resources(n, free=False)) for n in nodes]
     devices = sum(per_node_counts)
     dp = spec.parallel.data_parallel
+    # every pipeline rank holds its own sequence group: the world is P x dp x group x tensor
+    pp = spec.parallel.pipeline_size
     per_node = max((int(n.gpus_total) for n in nodes), default=0) if acc == "gpu" else 0
     knob_sets = [k for k in KNOB_CANDIDATES if k.problem(cuda=acc == "gpu") is None]
     out = Fit(fits=False, memory_per_rank_bytes=budget, accelerator=acc)
@@ -153,7 +155,7 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
     for tensor in tensors:
         # a node holds whole tensor groups only
         room = sum(c // tensor for c in per_node_counts) * tensor if nodes else MAX_WORLD
-        max_group = min(room, MAX_WORLD) // (dp * tensor)
+        max_group = min(room, MAX_WORLD) // (pp * dp * tensor)
         for group in range(1, max_group + 1):
             for ring, ulysses in _shapes(spec, group, per_node // tensor if per_node else 0):
                 if _shape_problem(spec, ring, ulysses, tensor):
@@ -187,8 +189,8 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
     # Beyond the cluster (sequence groups doubling, the spec's tensor_size): only to say how many
     # devices would do.
     tensor = tensors[0]
-    group = max(min(devices if nodes else MAX_WORLD, MAX_WORLD) // (dp * tensor), 1)
-    while nodes and group * 2 * dp * tensor <= MAX_WORLD:
+    group = max(min(devices if nodes else MAX_WORLD, MAX_WORLD) // (pp * dp * tensor), 1)
+    while nodes and group * 2 * pp * dp * tensor <= MAX_WORLD:
         group *= 2
         for ring, ulysses in _shapes(spec, group, per_node // tensor if per_node else 0):
             if _shape_problem(spec, ring, ulysses, tensor):
@@ -200,7 +202,7 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
                     out,
                     best,
                     budget,
-                    group * dp * tensor,
+                    group * pp * dp * tensor,
                     devices,
                     row(lean, knob_sets[-1], total),
                 )

@@ -186,3 +186,27 @@ def test_fit_turns_to_tensor_parallelism_when_a_block_does_not_fit():
     assert f.fits and f.tensor_size == 2 and f.spec is not None
     assert f.spec.parallel.tensor_size == 2 and "tensor_size 2" in f.message
     assert all(row["tensor_size"] in (1, 2) for row in f.alternatives)
+
+
+def test_fit_counts_the_pipeline_in_the_world():
+    """pipeline_size 2: every pipeline rank holds a sequence group of its own, so on 8 devices
+    the group is at most 4 (world = P x group); ring 8, which alone fits 0.5 GiB, needs 16."""
+    spec = JobSpec.model_validate(
+        {
+            "name": "fit-pp",
+            "train": {"batch_size": 2, "microbatches": 2},
+            "model": {"d_model": 256, "n_layers": 4, "n_heads": 8, "tie_embeddings": False},
+            "data": {"kind": "passkey", "seq_len": 65536},
+            "parallel": {"ring_size": "auto", "pipeline_size": 2},
+            "verify": {"enabled": False},
+            "eval": {"enabled": False},
+        }
+    )
+    cluster = cpu_cluster(nodes=1, cpus=8)
+    assert estimate(spec, 8, FULL_TILED) <= int(0.5 * GIB) < estimate(spec, 4, FULL_TILED)
+    short = fit(spec, cluster, int(0.5 * GIB))
+    assert not short.fits and short.ring_size == 4, short.message
+    assert "or 16 devices (ring_size 8" in short.message and "the cluster has 8" in short.message
+    ok = fit(spec, cluster, int(0.6 * GIB))
+    assert ok.fits and ok.spec is not None and ok.ring_size == 4
+    assert ok.spec.parallel.pipeline_size == 2 and ok.spec.world_size == 8
