@@ -73,7 +73,8 @@ def pipeline_problem(spec: JobSpec) -> tuple[str, object, str] | None:
     `parallel.pipeline_split` gives the layers per stage, or `auto` (the planner's balance by its
     memory estimate, resolved at submission). What the pipeline does not carry yet is refused by
     name rather than run wrong: tied embeddings (the head would live on two stages), pretrained
-    models, and the per-job check and evals (they run the whole model on every rank)."""
+    models, and evals (they run the whole model on every rank). The per-job check runs: each
+    stage's ranks check their own stage (`workers.training.verify.StagePlan`)."""
     p, t = spec.parallel, spec.train
     m = t.microbatches
     if p.pipeline_size == 1:
@@ -161,12 +162,6 @@ def pipeline_problem(spec: JobSpec) -> tuple[str, object, str] | None:
             True,
             bool(getattr(spec.model, "tie_embeddings", False)),
             "set model.tie_embeddings: false (the head would live on two stages)",
-        ),
-        (
-            "verify.enabled",
-            True,
-            spec.verify.enabled,
-            "the pre-training check runs the whole model on every rank: set verify.enabled: false",
         ),
         (
             "eval.enabled",

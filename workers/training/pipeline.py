@@ -135,6 +135,29 @@ class PipelineModel(nn.Module):
         for stage in self.stage_modules:
             stage.sp = sp
 
+    @property
+    def sequence_parallel(self) -> SequenceParallel | None:
+        """What the stages' attention runs on (all of this rank's stages share it)."""
+        return self.stage_modules[0].sp
+
+
+def stage_inputs(local: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    """The keyword inputs of every stage's forward for `local` ([rows, seq] of this rank's
+    sequence shard): positions per row, labels, weights, and with packed documents each row's
+    document starts (`cu_seqlens` has no row dimension for the schedule to split, so the
+    microbatches rebuild their own from these)."""
+    rows = local.inputs.shape[0]
+    positions = local.positions.to(device).expand(rows, -1).contiguous()
+    kwargs = {"positions": positions, "labels": local.labels, "weights": local.weights}
+    if local.cu_seqlens is not None:
+        assert local.doc_positions is not None
+        cu = local.cu_seqlens.to(device, torch.int64)
+        starts = torch.zeros(int(cu[-1]), dtype=torch.bool, device=device)
+        starts[cu[:-1]] = True
+        kwargs["doc_starts"] = starts.view(rows, -1)
+        kwargs["positions"] = local.doc_positions
+    return kwargs
+
 
 def _identity_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The last stage already returns the microbatch's loss sum."""
@@ -204,6 +227,15 @@ class Pipeline:
             )
         self._shape = (rows, seq)
 
+    def sum_stage_gradients(self) -> None:
+        """Stages without FSDP (`sum_gradients`): sum each gradient over the stage's slice, as
+        FSDP's reduce-scatter would (collective over the slice; nothing otherwise)."""
+        if self.sum_gradients and self.mesh.shard_mesh is not None:
+            group = self.mesh.shard_mesh.get_group()
+            for param in self.model.parameters():
+                if param.grad is not None and dist.get_world_size(group) > 1:
+                    dist.all_reduce(param.grad, group=group)
+
     def step(self, local: Batch) -> torch.Tensor:
         """Forward and backward of every microbatch of `local` (this replica's rows, this rank's
         sequence shard); gradients are summed over microbatches, reduced over the stage's slice by
@@ -211,28 +243,14 @@ class Pipeline:
         rows, seq = local.inputs.shape
         if self._shape != (rows, seq):  # first step, or a curriculum's other length
             self._build(rows, seq)
-        positions = local.positions.to(self.device).expand(rows, -1).contiguous()
-        kwargs = {"positions": positions, "labels": local.labels, "weights": local.weights}
-        if local.cu_seqlens is not None:
-            # packed documents: cu_seqlens has no row dimension to split, so the microbatches get
-            # each row's document starts (over the global sequence) and rebuild their own
-            assert local.doc_positions is not None
-            cu = local.cu_seqlens.to(self.device, torch.int64)
-            starts = torch.zeros(int(cu[-1]), dtype=torch.bool, device=self.device)
-            starts[cu[:-1]] = True
-            kwargs["doc_starts"] = starts.view(rows, -1)
-            kwargs["positions"] = local.doc_positions
+        kwargs = stage_inputs(local, self.device)
         losses: list[torch.Tensor] = []
         args = (local.inputs,) if self.holds_first else ()
         target = local.labels if self.holds_last else None
         self._schedule.step(  # type: ignore[attr-defined]
             *args, target=target, losses=losses, return_outputs=False, **kwargs
         )
-        if self.sum_gradients and self.mesh.shard_mesh is not None:
-            group = self.mesh.shard_mesh.get_group()
-            for param in self.model.parameters():
-                if param.grad is not None and dist.get_world_size(group) > 1:
-                    dist.all_reduce(param.grad, group=group)
+        self.sum_stage_gradients()
         if not losses:
             return torch.zeros((), device=self.device)
         return torch.stack([loss.detach().float() for loss in losses]).sum()

@@ -303,6 +303,7 @@ class Trainer:
             # the dtype `_autocast` trains in
             autocast_dtype=torch.bfloat16 if self.device.type == "cuda" else None,
             finish_gradients=self.parallelized.finish_gradients,
+            pipeline=self.pipeline,  # each stage checked on its own ranks
         )
         self.needs_verification = False
         if self.mesh.rank == 0:

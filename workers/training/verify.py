@@ -17,6 +17,10 @@ It compares the logits and every parameter's gradient (relative Frobenius error,
 all-reduced over the ranks) and reports the largest. Low-precision jobs also report the attention op
 alone (their q/k/v shapes, ring or Ulysses x ring, in bf16) against an fp32 dense reference.
 
+Under pipeline parallel a rank holds only its stages, so each stage is checked on its own by its
+own ranks (`StagePlan` says what is compared and why); the job's result is the worst over the
+stages, reported as above.
+
 Training is not disturbed: no optimizer step, gradients back to None, RNG state restored and the
 model's sequence-parallel setting put back, so the loss curve is bit-identical with the check on or
 off.
@@ -41,6 +45,7 @@ from workers.models import RingModel, SequenceParallel
 from workers.parallel_dims import ParallelDims
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.mesh import Mesh
+from workers.training.pipeline import Pipeline, StageModule, stage_inputs
 
 # The largest relative error (logits or any parameter's gradient) a job may show against the
 # reference, per compute dtype. fp32: measured <= 1.6e-6 on every supported shape (README,
@@ -249,6 +254,34 @@ def _relative_errors(
     sums = torch.stack([torch.stack(_squares(a, ref)) for a, ref in pairs])
     if distributed:
         dist.all_reduce(sums)
+    return _ratios(sums)
+
+
+def _named_relative_errors(
+    named: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    distributed: bool,
+    device: torch.device,
+) -> dict[str, float]:
+    """`_relative_errors` when ranks compare different things (pipeline stages hold different
+    parameters): the names are gathered in rank order, each rank adds the sums of squares of its
+    own and zeros for the rest, so every rank gets every stage's errors."""
+    names = list(named)
+    if distributed:
+        gathered: list[list[str] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, names)
+        names = list(dict.fromkeys(n for part in gathered for n in part or []))
+    sums = torch.zeros(len(names), 2, dtype=torch.float64, device=device)
+    for i, name in enumerate(names):
+        if name in named:
+            sums[i] = torch.stack(_squares(*named[name]))
+    if distributed:
+        dist.all_reduce(sums)
+    return dict(zip(names, _ratios(sums), strict=True))
+
+
+def _ratios(sums: torch.Tensor) -> list[float]:
+    """[n, 2] sums of (squared differences, squared reference) -> n relative errors (inf where
+    only the difference is non-zero)."""
     diff, ref = sums[:, 0].sqrt(), sums[:, 1].sqrt()
     only_diff = torch.where(diff > 0, math.inf, 0.0)
     errs = torch.where(ref > 0, diff / ref.clamp_min(1e-300), only_diff)
@@ -291,6 +324,200 @@ def _attention_vs_fp32(
     return max(_relative_errors(pairs, distributed))
 
 
+@dataclass(frozen=True)
+class StagePlan:
+    """The verification plan under pipeline parallel: what one stage's ranks compare, and why.
+
+    Without a pipeline the check runs the whole model on every rank; a pipeline rank holds only its
+    stages, so each stage is checked on its own, by its own ranks, every stage at once (no stage
+    waits for another's output and nothing crosses a stage boundary):
+
+    - input: the first stage takes the check's tokens; a later stage a seeded random residual
+      stream [1, tokens, d_model] (drawn per stage, the same on every rank) in place of what the
+      previous stage would send;
+    - distributed: the stage's own forward (`StageModule`: its blocks with its ring, Ulysses and
+      tensor groups, FSDP over its slice, the embedding on the first stage, the final norm, head
+      and chunked loss on the last) and backward, from the loss sum on the last stage and from a
+      seeded random output gradient on the others;
+    - reference: the same stage on the whole sequence with dense one-rank attention;
+    - compared: the stage's output (the logits on the last stage, the hidden states it would send
+      on the others: an output that only the next stage consumed would go unchecked otherwise),
+      the gradient of its input (what its backward would send back; the first stage's tokens
+      have none) and the gradient of every parameter it holds.
+
+    Every rank adds up every stage's sums of squares (`_named_relative_errors`), so all ranks see
+    the same errors and the job's one result is the worst over the stages, named with its stage.
+    Not covered: the stage-to-stage send/recv and the schedule's microbatches, which the
+    equivalence tests (`tests/unit/workers/training/test_pipeline.py`) check by training the same
+    model as one process.
+    """
+
+    index: int
+    layers: range
+    first: bool
+    last: bool
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> list[StagePlan]:
+        """The plans of this rank's stages, in `pipeline.model.stage_modules` order."""
+        out = []
+        for index, module in zip(pipeline.stage_indices, pipeline.model.stage_modules, strict=True):
+            layers = [int(k) for k in module.layers]
+            span = range(min(layers), max(layers) + 1)
+            out.append(cls(index, span, index == 0, index == pipeline.num_stages - 1))
+        return out
+
+    def describe(self) -> str:
+        return f"stage {self.index} (layers {self.layers.start}-{self.layers.stop - 1})"
+
+    @property
+    def output(self) -> str:
+        return f"logits of {self.describe()}" if self.last else f"output of {self.describe()}"
+
+    @property
+    def input_gradient(self) -> str:
+        return f"gradient of the input of {self.describe()}"
+
+    def gradient(self, parameter: str) -> str:
+        return f"gradient of {parameter} in {self.describe()}"
+
+    def inputs(self, spec: JobSpec, tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """A later stage's random input and output gradient, [1, tokens, d_model] each (the
+        first stage takes tokens; the last starts its backward from the loss)."""
+        gen = torch.Generator().manual_seed(spec.train.seed + SEED_OFFSET + 2 + self.index)
+        shape = (1, tokens, spec.model.d_model)
+        return tuple(torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+
+
+def _check_model(
+    model: RingModel,
+    spec: JobSpec,
+    mesh: Mesh,
+    local: Batch,
+    whole: Batch,
+    autocast: Callable[[], AbstractContextManager[object]],
+    finish_gradients: Callable[[], None] | None,
+) -> dict[str, float]:
+    """The whole model against its one-rank reference: the logits and every parameter's gradient
+    (the same names on every rank)."""
+    rows = local.positions.to(local.inputs.device)
+    sp = _sequence_parallel(model)
+    # every data-parallel replica runs the same sequence: data_parallel x one gradient
+    got_logits, got_grads = _pass(
+        model, local, None, autocast(), 1 / mesh.data_parallel, finish_gradients
+    )
+    model.set_sequence_parallel(OneRankAttention(None, spec.parallel.layout))
+    # every rank runs the whole sequence: FSDP's reduce-scatter sums one gradient per rank of its
+    # mesh (all but the tensor dimension, whose ranks split the gradient instead)
+    summed = mesh.world // mesh.tensor_size
+    ref_logits, ref_grads = _pass(model, whole, rows, autocast(), 1 / summed, finish_gradients)
+    model.set_sequence_parallel(sp)
+    names = ["logits", *(f"gradient of {_param_name(n)}" for n, _ in model.named_parameters())]
+    pairs = [(got_logits, ref_logits), *zip(got_grads, ref_grads, strict=True)]
+    return dict(zip(names, _relative_errors(pairs, mesh.distributed), strict=True))
+
+
+def _stage_pass(
+    module: StageModule,
+    plan: StagePlan,
+    x: torch.Tensor,
+    batch: Batch,
+    dout: torch.Tensor,
+    rows: torch.Tensor | None,
+    grad_scale: float,
+    finish: Callable[[], None],
+    autocast: AbstractContextManager[object],
+) -> dict[str, torch.Tensor]:
+    """Forward and backward of one stage on `x` (tokens, or hidden states of `batch`'s
+    positions): its output at sequence positions `rows` (or all), its input's gradient there,
+    and every parameter's local gradient times `grad_scale`, by `plan`'s names; gradients are
+    None again after."""
+    device = batch.inputs.device
+    logits: list[torch.Tensor] = []
+
+    def keep_logits(norm: torch.nn.Module, args: object, hidden: torch.Tensor) -> None:
+        # inside the stage's forward: FSDP holds its root (norm, head) gathered here
+        assert module.head is not None
+        with torch.autocast(device.type, enabled=False), torch.no_grad():
+            logits.append(hidden.detach().float() @ module.head.weight.detach().float().t())
+
+    x = x if plan.first else x.detach().requires_grad_()
+    hook = module.norm.register_forward_hook(keep_logits) if module.norm is not None else None
+    try:
+        with autocast:  # what the stage's own forward adds on CUDA; on CPU the check's bf16
+            out = module(x, **stage_inputs(batch, device))
+    finally:
+        if hook is not None:
+            hook.remove()
+    if plan.last:
+        got = logits[0]
+        out.backward()
+    else:
+        got = out.detach().float()
+        out.backward(dout.to(out.dtype))
+    finish()
+    pick = (lambda t: t) if rows is None else (lambda t: t[:, rows])
+    result = {plan.output: pick(got)}
+    if not plan.first:
+        assert x.grad is not None
+        result[plan.input_gradient] = pick(x.grad.float())
+    none = torch.zeros(0, device=device)  # a parameter without a gradient (unused)
+    for name, p in module.named_parameters():
+        grad = _local(p.grad).float() * grad_scale if p.grad is not None else none
+        result[plan.gradient(_param_name(name))] = grad
+    module.zero_grad(set_to_none=True)
+    return result
+
+
+def _check_stages(
+    pipeline: Pipeline,
+    spec: JobSpec,
+    mesh: Mesh,
+    local: Batch,
+    whole: Batch,
+    dtype: torch.dtype,
+    autocast: Callable[[], AbstractContextManager[object]],
+    finish_gradients: Callable[[], None] | None,
+) -> dict[str, float]:
+    """Every stage of this rank against its one-rank reference (`StagePlan`); the relative
+    errors of every stage of the job, the same on every rank."""
+    model = pipeline.model
+    rows = local.positions.to(local.inputs.device)
+
+    def finish() -> None:  # what training runs after the schedule's backward
+        pipeline.sum_stage_gradients()
+        if finish_gradients is not None:
+            finish_gradients()
+
+    # FSDP (or `sum_stage_gradients`) sums over the stage's dp x ring x ulysses ranks: every
+    # replica runs the same sequence, and in the reference every rank runs all of it
+    summed = mesh.dims.stage_size // mesh.tensor_size
+    sp = model.sequence_parallel
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for plan, module in zip(StagePlan.of(pipeline), model.stage_modules, strict=True):
+        drawn = plan.inputs(spec, whole.inputs.shape[1], dtype)
+        hidden, dout = (t.to(local.inputs.device) for t in drawn)
+        x_local = local.inputs if plan.first else hidden[:, rows]
+        x_whole = whole.inputs if plan.first else hidden
+        model.set_sequence_parallel(sp)
+        got = _stage_pass(
+            module,
+            plan,
+            x_local,
+            local,
+            dout[:, rows],
+            None,
+            1 / mesh.data_parallel,
+            finish,
+            autocast(),
+        )
+        model.set_sequence_parallel(OneRankAttention(None, spec.parallel.layout))
+        ref = _stage_pass(module, plan, x_whole, whole, dout, rows, 1 / summed, finish, autocast())
+        pairs.update({name: (got[name], ref[name]) for name in got})
+    model.set_sequence_parallel(sp)
+    return _named_relative_errors(pairs, mesh.distributed, local.inputs.device)
+
+
 def verify(
     model: RingModel,
     spec: JobSpec,
@@ -299,17 +526,19 @@ def verify(
     *,
     autocast_dtype: torch.dtype | None = None,
     finish_gradients: Callable[[], None] | None = None,
+    pipeline: Pipeline | None = None,
 ) -> Verification:
     """Run the check (collective over all ranks); the caller decides what a failure does.
 
     `autocast_dtype`: the dtype training computes in under autocast (bf16 on CUDA); None: fp32.
-    `finish_gradients`: what training runs after backward (`Parallelized.finish_gradients`)."""
+    `finish_gradients`: what training runs after backward (`Parallelized.finish_gradients`).
+    `pipeline`: this rank's stages under pipeline parallel (`model` is `pipeline.model`): each
+    stage is checked on its own (`StagePlan`)."""
     t0 = time.perf_counter()
     tokens = verification_tokens(spec)
     batch = verification_batch(spec, tokens)
     local = mesh.shard(batch, spec.parallel.layout, replicated=True).to(device)
     whole = batch.to(device)
-    rows = local.positions.to(device)
     dtype = autocast_dtype or torch.float32
 
     def autocast() -> AbstractContextManager[object]:
@@ -323,17 +552,12 @@ def verify(
     model.zero_grad(set_to_none=True)
     try:
         with _preserved_rng(device):
-            # every data-parallel replica runs the same sequence: data_parallel x one gradient
-            got_logits, got_grads = _pass(
-                model, local, None, autocast(), 1 / mesh.data_parallel, finish_gradients
-            )
-            model.set_sequence_parallel(OneRankAttention(None, spec.parallel.layout))
-            # every rank runs the whole sequence: FSDP's reduce-scatter sums one gradient per rank
-            # of its mesh (all but the tensor dimension, whose ranks split the gradient instead)
-            summed = mesh.world // mesh.tensor_size
-            ref_logits, ref_grads = _pass(
-                model, whole, rows, autocast(), 1 / summed, finish_gradients
-            )
+            if pipeline is not None:
+                errors = _check_stages(
+                    pipeline, spec, mesh, local, whole, dtype, autocast, finish_gradients
+                )
+            else:
+                errors = _check_model(model, spec, mesh, local, whole, autocast, finish_gradients)
             model.set_sequence_parallel(sp)
             fp32_err = None
             if dtype != torch.float32:
@@ -342,10 +566,7 @@ def verify(
         model.set_sequence_parallel(sp)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-    names = ["logits", *(f"gradient of {_param_name(n)}" for n, _ in model.named_parameters())]
-    pairs = [(got_logits, ref_logits), *zip(got_grads, ref_grads, strict=True)]
-    errors = _relative_errors(pairs, mesh.distributed)
-    worst = max(range(len(errors)), key=lambda i: math.inf if math.isnan(errors[i]) else errors[i])
+    worst = max(errors, key=lambda n: math.inf if math.isnan(errors[n]) else errors[n])
     seconds = time.perf_counter() - t0
     if mesh.distributed:  # one duration for the job: the slowest rank's
         took = torch.tensor([seconds], dtype=torch.float64, device=device)
@@ -353,7 +574,7 @@ def verify(
         seconds = float(took)
     return Verification(
         max_rel_err=errors[worst],
-        worst=names[worst],
+        worst=worst,
         tolerance=TOLERANCES.get(dtype, TOLERANCES[torch.bfloat16]),
         tokens=tokens,
         seconds=seconds,

@@ -100,7 +100,7 @@ def test_stage_layers_and_ranks() -> None:
             "too small",
         ),
         ({"model": {"tie_embeddings": True}}, ("model", "tie_embeddings"), "tie_embeddings"),
-        ({"verify": {"enabled": True}}, ("verify", "enabled"), "verify.enabled"),
+        ({"eval": {"enabled": True}}, ("eval", "enabled"), "eval.enabled"),
     ],
 )
 def test_bad_pipeline_input_names_the_field(
@@ -124,6 +124,8 @@ def test_valid_splits_pass() -> None:
         )
     )
     assert spec.parallel.pipeline_stages == 3
+    # the per-job check runs under a pipeline (each stage's ranks check their own stage)
+    assert tiny_spec(**_pp(verify={"enabled": True})).verify.enabled
     inter = tiny_spec(**_pp(parallel={"pipeline_schedule": "interleaved_1f1b"}))
     assert inter.parallel.pipeline_stages == 4
     # auto: any n_layers >= stages; the planner chooses, the trainer never sees it unresolved

@@ -9,12 +9,15 @@ off-diagonal block, put in charge through the kernel registry (`kernels.use_kern
 job before step 1 naming what diverged, and one right in forward but wrong in backward must fail
 naming a gradient (fp32, and bf16 at its documented tolerance); a disabled check emits nothing; the
 loss curve is bit-identical with the check on or off; a resume onto another shape checks again, a
-retry from a checked start does not.
+retry from a checked start does not. Under pipeline parallel each stage's ranks check their own
+stage (pp 2 alone, interleaved and zero bubble, with ring 2 and with tensor 2), the job records one
+result, and a kernel wrong on stage 1's ranks only fails the job naming stage 1.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -105,6 +108,15 @@ def _shape(**parallel: Any) -> JobSpec:
     return tiny_spec(parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel})
 
 
+def _pp_shape(layers: int = 4, **parallel: Any) -> JobSpec:
+    """A pipeline job: 2 stages (4 with an interleaved schedule), 2 microbatches of 1 row."""
+    return tiny_spec(
+        model={"n_layers": layers},
+        parallel={"ring_size": 1, "data_parallel": 1, "layout": "zigzag", **parallel},
+        train={"microbatches": 2, "steps": 2},
+    )
+
+
 def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dict[str, Any]]:
     """Build each case's trainer and run the check in fp32 and in bf16 (CPU autocast)."""
     from workers.training.trainer import Trainer
@@ -123,6 +135,7 @@ def _verify_all(rank: int, world: int, cases: list[tuple[str, str]]) -> list[dic
                 t.mesh,
                 t.device,
                 autocast_dtype=dtype,
+                pipeline=t.pipeline,
             )
             assert all(p.grad is None for p in t.model.parameters())  # nothing left for step 1
             out.append({"case": label, **asdict(v), "passed": v.passed})
@@ -161,10 +174,16 @@ def test_every_supported_shape_passes(tmp_path: Path) -> None:
         ("ring 3 striped", _shape(ring_size=3, layout="striped")),
         ("ring 3 packed docs", _docs_spec(tmp_path, ring_size=3)),
     ]
+    two += [
+        ("pp 2 interleaved_1f1b", _pp_shape(pipeline_size=2, pipeline_schedule="interleaved_1f1b")),
+        ("pp 2 zero_bubble", _pp_shape(pipeline_size=2, pipeline_schedule="zero_bubble")),
+    ]
     four = [
         ("ring 4 contiguous", _shape(ring_size=4, layout="contiguous")),
         ("ulysses 2 x ring 2", _shape(ring_size=2, ulysses_size=2)),
         ("dp 2 x ring 2 qwen2", _hf_spec(tmp_path, ring_size=2, data_parallel=2)),
+        ("pp 2 x ring 2", _pp_shape(pipeline_size=2, ring_size=2)),
+        ("pp 2 x tensor 2", _pp_shape(pipeline_size=2, tensor_size=2)),
     ]
     for world, cases in ((1, one), (2, two), (3, three), (4, four)):
         jobs = [(name, spec.model_dump_json()) for name, spec in cases]
@@ -369,3 +388,64 @@ def test_a_bf16_error_far_below_100x_the_tolerance_fails_at_the_documented_one()
     assert result.tolerance == BF16_DOCUMENTED
     assert "tolerance 0.05 for bfloat16" in reason
     assert result.worst.removeprefix("gradient of ") in params, reason
+
+
+def _pipeline_job(rank: int, world: int, spec_json: str) -> dict[str, Any]:
+    """One pipeline job's check three ways on the same trainer: with a kernel whose dV is 1% off
+    in charge on stage 1's ranks only (right logits, wrong gradients there), then as it is, then
+    one step of training; and one step of the same job with the check off."""
+    from workers.attention.kernels import use_kernel
+    from workers.training.trainer import Trainer
+    from workers.training.verify import VerificationFailed
+
+    spec = JobSpec.model_validate_json(spec_json)
+    points: list[Any] = []
+    t = Trainer(spec, checkpoint_dir=None, emit=points.append)
+    out: dict[str, Any] = {"broken": None}
+    wrong = WrongBackward("test_dv_1pct_off_on_stage_1", 1.01)
+    with use_kernel(wrong) if t.mesh.pp_rank == 1 else nullcontext():
+        try:
+            t.verify()
+        except VerificationFailed as e:
+            out["broken"] = str(e)
+    out["broken_points"] = [p.model_dump() for p in points]
+    points.clear()
+    t.needs_verification = True
+    t.train(max_steps=1)  # checks first, then step 1
+    out["points"] = [p.model_dump() for p in points]
+    off_spec = spec.model_copy(update={"verify": spec.verify.model_copy(update={"enabled": False})})
+    off: list[Any] = []
+    Trainer(off_spec, checkpoint_dir=None, emit=off.append).train(max_steps=1)
+    out["off"] = [p.model_dump() for p in off]
+    return out
+
+
+@pytest.mark.multiprocess
+def test_pipeline_stages_verify_their_own_layers_and_a_broken_stage_fails_naming_it() -> None:
+    """pp 2 (one layer per stage): each stage's ranks check their own stage; the job records one
+    rank-less result, rank 0's. A kernel 1% off in dV on stage 1's ranks only fails every rank
+    with the same reason, naming a gradient of stage 1; the check leaves training as it was."""
+    spec = _pp_shape(layers=2, pipeline_size=2)
+    r0, r1 = run_distributed(_pipeline_job, 2, spec.model_dump_json())
+    reason = r0["broken"]
+    assert reason is not None and r1["broken"] == reason  # every rank, the same reason
+    assert reason.startswith("verification failed before step 1: ")
+    worst = reason.split("largest difference from the one-rank reference in ")[1].split(": ")[0]
+    assert worst.startswith("gradient of ") and worst.endswith("stage 1 (layers 1-1)"), reason
+    broken = {p["name"]: p["value"] for p in r0["broken_points"]}
+    assert broken["verify_passed"] == 0.0
+    assert 1e-3 < broken["verify_max_rel_err"] < 1.0, reason  # the kernel's 1%, no blow-up
+
+    checked = [p for p in r0["points"] if p["name"].startswith("verify_")]
+    assert {p["name"] for p in checked} == VERIFY_NAMES
+    assert all(p["rank"] is None and p["step"] == 0 for p in checked)  # one job-level point each
+    figures = {p["name"]: p["value"] for p in checked}
+    print(f"pp 2: max_rel_err {figures['verify_max_rel_err']:.2e}")
+    assert figures["verify_passed"] == 1.0
+    assert 0 < figures["verify_max_rel_err"] < 1e-5  # different computations, fp32 rounding
+    assert figures["verify_tolerance"] == 1e-4 and figures["verify_tokens"] == 192
+    assert not [p for p in r1["points"] + r1["broken_points"] if p["name"].startswith("verify_")]
+    # neither check (failed or passed) disturbed training: step 1 as with the check off
+    for name in ("loss", "grad_norm"):
+        assert len(series(r0["points"], name)) == 1
+        assert series(r0["points"], name) == series(r0["off"], name)
