@@ -227,7 +227,9 @@ class ParallelDims:
         return [len({a.node_id for a in ring}) for ring in self.rings(assignments)]
 
 
-def stage_layers(n_layers: int, stages: int, split: Sequence[int] | None = None) -> list[range]:
+def stage_layers(
+    n_layers: int, stages: int, split: Sequence[int] | str | None = None
+) -> list[range]:
     """The layer indices of each pipeline stage, in order: `split` (layers per stage) or an even
     split. The spec's rules (`workers.config.rules.pipeline_problem`) refuse what fails here;
     `auto` is the control plane's to resolve (`service.planner.resolve_pipeline_split`)."""
