@@ -27,6 +27,7 @@ from tests.support.browser_fixtures import (
     PageErrors,
     capture_errors,
     create_job,
+    placement,
     shot,
     start_running,
     step_items,
@@ -439,6 +440,67 @@ def test_a_stale_read_of_the_job_does_not_undo_a_newer_state(page: Any, server: 
     page.wait_for_timeout(500)
     assert page.locator("#job-state").inner_text() == "RUNNING"
     assert page.locator("#timeline li[data-to='RUNNING']").count() == 2
+
+
+def test_pipeline_job_ring_grouped_by_stage(page: Any, server: Any) -> None:
+    """pp 2 x ring 2 under interleaved 1F1B (two stages per pipeline rank; 8 layers split 1/2/2/3):
+    one box per pipeline rank with its stages, their layers and its ring, and the stage hops (rank
+    k -> k + world/P, and the last rank back to the first for its second stage) drawn as arrows
+    between the boxes, apart from the ring edges. Each stage sits on one node, so every stage hop
+    crosses nodes and no ring hop does."""
+    spec = {
+        **SPEC,
+        "name": "pp-ring",
+        "model": {"d_model": 32, "n_layers": 8, "n_heads": 2, "tie_embeddings": False},
+        "parallel": {
+            "ring_size": 2,
+            "pipeline_size": 2,
+            "pipeline_schedule": "interleaved_1f1b",
+            "pipeline_split": [1, 2, 2, 3],
+        },
+        "train": {"steps": 400, "batch_size": 2, "microbatches": 2},
+        "verify": {"enabled": False},
+        "eval": {"enabled": False},
+    }
+    job = create_job(server, spec)
+    d = Driver(server, job["id"])
+    assert d.state("PLACING", reason="reserving 4 bundles").status_code == 200
+    # ranks 0, 1 on node-a and 2, 3 on node-b; each stage's ring numbered as the driver numbers it
+    slots = [{**p, "ring": p["rank"] // 2} for p in placement(4)]
+    assert d.state("RUNNING", reason="placed", placement=slots).status_code == 200
+    d.post(step_items(d, 0))
+    goto(page, server, f"#/jobs/{job['id']}")
+    page.locator("#ring .pp-stage").nth(1).locator("svg .rank").nth(1).wait_for()
+    boxes = page.evaluate(
+        "() => [...document.querySelectorAll('#ring .pp-stage')].map(e => ({...e.dataset}))"
+    )
+    assert boxes == [
+        {"ppRank": "0", "stages": "0,2", "layers": "3", "layerRanges": "0,3–4", "ranks": "0,1"},
+        {"ppRank": "1", "stages": "1,3", "layers": "5", "layerRanges": "1–2,5–7", "ranks": "2,3"},
+    ], boxes
+    assert (
+        "Stages 0 & 2 · layers 0, 3–4 (3 layers)"
+        in page.locator("#ring .pp-stage").nth(0).inner_text()
+    )
+    hops = page.evaluate(
+        "() => [...document.querySelectorAll('#ring svg.pp-hops')].map(e => [e.dataset.fromStage,"
+        " e.dataset.toStage, e.dataset.crossings, [...e.querySelectorAll('.pp-edge')]"
+        ".map(g => `${g.dataset.from}>${g.dataset.to}`).join(' ')])"
+    )
+    assert hops == [["0", "1", "2", "0>2 1>3"], ["1", "0", "2", "2>0 3>1"]], hops
+    rings = page.evaluate(
+        "() => [...document.querySelectorAll('#ring svg.ring-svg')].map(e => e.dataset.crossings)"
+    )
+    assert rings == ["0", "0"] and page.locator("#ring .edge.cross").count() == 0
+    assert "4 stage hops (4 across nodes)" in page.locator("#ring .legend-row").inner_text()
+    stage_col = page.evaluate(
+        "() => [...document.querySelectorAll('#ring .rank-table tbody tr')]"
+        ".map(r => r.children[1].textContent)"
+    )
+    assert stage_col == ["0", "0", "1", "1"], stage_col
+    shape = page.locator("#job-shape").inner_text()
+    assert shape.startswith("pp 2 (interleaved_1f1b) × dp 1 × ring 2"), shape
+    shot(page, "dashboard-pipeline")
 
 
 def test_job_page_dark_failed(browser: Any, server: Any) -> None:

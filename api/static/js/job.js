@@ -11,7 +11,7 @@ import { LiveChart, timings } from "./charts.js";
 import { renderGrid } from "./grid.js";
 import { Catalog, familyOf, loadCatalog, naturalCompare } from "./metrics.js";
 import { ProfileChart } from "./profile.js";
-import { renderRing } from "./ring.js";
+import { pipelineOf, renderRing } from "./ring.js";
 import { renderStages, shapeOf, stageMarks } from "./stages.js";
 import { PLAIN } from "./units.js";
 import { age, clock, fmtSeconds, h, progress, stateBadge, TERMINAL } from "./util.js";
@@ -171,7 +171,10 @@ export function mountJob(root, jobId) {
       const m = perRank.get(p.rank) || {};
       vals.set(p.rank, { mem: m.mem, stepTime: m.stepTime ?? globalStepTime });
     }
-    ringBox.replaceChildren(renderRing(job?.placement || [], vals, { caption: "ranks of this job" }));
+    // the shape the placement was made for: the current stage's, or the job's
+    const parallel = job?.stages?.find((st) => st.index === job.stage)?.parallel ?? job?.spec?.parallel;
+    const pipeline = pipelineOf(parallel, job?.spec?.model?.n_layers);
+    ringBox.replaceChildren(renderRing(job?.placement || [], vals, { caption: "ranks of this job", pipeline }));
   }, 500);
   const renderGridsSoon = throttled(() => {
     const shown = [...grids.values()].filter((g) => g.cells.size);

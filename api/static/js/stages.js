@@ -4,9 +4,11 @@
 // and each stage's state come from the server, so the page and `ringtrain status` agree.
 import { cssVar, h, stateBadge } from "./util.js";
 
-/** "dp 1 × ring 2 × ulysses 1 × tensor 1 (zigzag)" of a spec's or a stage's `parallel`. */
+/** "dp 1 × ring 2 × ulysses 1 × tensor 1 (zigzag)" of a spec's or a stage's `parallel`; a pipeline
+ * job's starts "pp 2 (1f1b) × ". */
 export function shapeOf(p = {}) {
-  return `dp ${p.data_parallel ?? 1} × ring ${p.ring_size ?? "?"}` +
+  const pp = (p.pipeline_size ?? 1) > 1 ? `pp ${p.pipeline_size} (${p.pipeline_schedule ?? "1f1b"}) × ` : "";
+  return `${pp}dp ${p.data_parallel ?? 1} × ring ${p.ring_size ?? "?"}` +
     ` × ulysses ${p.ulysses_size ?? 1} × tensor ${p.tensor_size ?? 1}` +
     (p.layout ? ` (${p.layout})` : "");
 }

@@ -2,7 +2,7 @@
 // A 422 names the failing field (`error.field`, e.g. "data.seq_len"): we find that key in the text, mark its
 // line in the gutter and put the message beside it.
 import { api } from "./api.js";
-import { renderRing } from "./ring.js";
+import { pipelineOf, renderRing } from "./ring.js";
 import { fmtBytes, h } from "./util.js";
 
 export const EXAMPLE = `name: passkey-16k
@@ -184,7 +184,9 @@ function renderPlan(p) {
       `${p.node_crossings} node crossing(s) · bundle ${Object.entries(p.bundle || {}).map(([k, v]) => `${k}:${v}`).join(", ")}`),
     p.warnings?.length ? h("ul.warnings", {}, p.warnings.map((w) => h("li", {}, w))) : null,
     h("h3", {}, "Placement preview"),
-    renderRing(p.placement || [], new Map(), { caption: "planned ranks" }),
+    renderRing(p.placement || [], new Map(), { caption: "planned ranks",
+      // a spec with stages previews its largest stage's placement: drawn without stage boxes
+      pipeline: p.spec?.stages?.length ? null : pipelineOf(p.spec?.parallel, p.spec?.model?.n_layers) }),
     h("h3", {}, "Memory per rank (estimate)"),
     h("table#memory-table", {},
       h("tbody", {},
