@@ -112,7 +112,9 @@ function pipelineBoxes(placement, ringSvgs, pipeline, stageSize, color) {
   const box = h("div.pipeline", { dataset: { pipelineSize: P, stageSize } });
   let count = 0, crossings = 0;
   const strip = (from, to, wrapAround) => {
-    const { svg, n, cross } = hopSvg(from, to, stageSize, byRank, color, wrapAround);
+    const next = wrapAround ? pipeline.ranks[to].stages[1] : pipeline.ranks[to].stages[0];
+    const label = `${wrapAround ? "↺ back to" : "↓ to"} stage ${next} (activations; gradients back)`;
+    const { svg, n, cross } = hopSvg(from, to, stageSize, byRank, color, wrapAround, label);
     count += n;
     crossings += cross;
     return svg;
@@ -145,10 +147,11 @@ function pipelineBoxes(placement, ringSvgs, pipeline, stageSize, color) {
 }
 
 /** The hops from pipeline rank `from` to `to`: rank from·S + k sends to to·S + k (k < S). */
-function hopSvg(from, to, S, byRank, color, wrapAround) {
+function hopSvg(from, to, S, byRank, color, wrapAround, label) {
   const labels = S <= 16;
   const gap = 44;
-  const W = Math.max(240, S * gap);
+  const WE = Math.max(120, S * gap); // the arrows' width; the label goes to their right
+  const W = WE + 300;
   const H = labels ? 60 : 44;
   const y0 = labels ? 20 : 8, y1 = H - 6;
   let cross = 0;
@@ -156,7 +159,7 @@ function hopSvg(from, to, S, byRank, color, wrapAround) {
   for (let k = 0; k < S; k++) {
     const a = byRank.get(from * S + k), b = byRank.get(to * S + k);
     if (!a || !b) continue;
-    const x = (k + 0.5) * (W / S);
+    const x = (k + 0.5) * (WE / S);
     const crosses = a.node_id !== b.node_id;
     if (crosses) cross += 1;
     edges.push(s("g", { class: crosses ? "pp-edge cross" : "pp-edge", "data-from": a.rank, "data-to": b.rank,
@@ -174,7 +177,7 @@ function hopSvg(from, to, S, byRank, color, wrapAround) {
     class: `pp-hops${wrapAround ? " wrap" : ""}`, viewBox: `0 0 ${W} ${H}`, width: Math.min(W, 640), role: "img",
     "data-from-stage": from, "data-to-stage": to, "data-hops": edges.length, "data-crossings": cross,
     "aria-label": `stage hops from ${what}: ${edges.length} hop(s), ${cross} across nodes`,
-  }, edges);
+  }, edges, s("text", { x: WE + 8, y: (y0 + y1) / 2 + 4, class: "pp-label" }, label));
   return { svg, n: edges.length, cross };
 }
 
