@@ -507,57 +507,36 @@ def test_killed_rank_then_killed_driver_resume_from_checkpoints_then_no_restart_
         no_active_jobs(c)
 
 
-# -- 3 and 4. the control plane dies, then dies again together with a rank -------------------------------------------
-def test_control_plane_sigkill_reattaches_running_job_then_survives_a_rank_killed_with_it(
+# -- 3 and 4. the control plane dies, and a rank dies during the outage ----------------------------------------------
+def test_control_plane_sigkill_then_a_rank_killed_during_the_outage(
     serve: ServeProcess, ray_head: RayHead, tmp_path: Path
 ) -> None:
-    """One job, two control-plane outages (`ringtrain serve` SIGKILLed; then the same DB and port):
-    (a) alone: training goes on, the driver's refused reports are retried, and the restarted serve
-    reattaches the job, still RUNNING, no restart used; (b) together with a rank: the driver
-    re-reserves and resumes from a checkpoint while nobody listens, and the restarted serve learns
-    it all. The job SUCCEEDS with every point stored exactly once."""
-    # Measured on 2 loaded cores: a step ~0.1 s, a serve start ~10 s. (a) ends at checkpoint
-    # (before + 15), ~step 20; serve is back ~100 steps later, and (b) kills at once: ~45 steps
-    # still to run then (`trains_on_while_down` asserts the job is short of its end, and the job
-    # must be RUNNING when serve is back).
+    """One job, one control-plane outage (`ringtrain serve` SIGKILLed; back on the same DB and port):
+    training goes on while nobody listens (the driver's refused reports are retried); then a rank
+    dies during the outage, and the driver re-reserves and resumes from a checkpoint on its own.
+    The restarted serve reattaches the job (the same Ray submission: nothing resubmitted, the serve
+    kill itself adds no transition) and learns it all in order; the job SUCCEEDS with every point
+    stored exactly once. Nothing here races the job's end: every fault happens while the job is
+    asserted short of its last step (`trains_on_while_down`), and the serve comes back whenever."""
     steps, every = 150, 5
     js = spec(steps, every=every, max_restarts=2, name="kill-cp")
     serve.start()
     with http(serve.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]
-        wait_job(c, jid, lambda j: j["step"] >= 3, 120, "step 3")
+        sid = wait_job(c, jid, lambda j: j["step"] >= 3, 120, "step 3")["submission_id"]
+    assert sid
     ckpt = tmp_path / "ckpt" / jid
     serve.kill()
     t_down = time.time()
     before, after = trains_on_while_down(ckpt, steps, every)  # the driver buffers its reports
-    t_up = time.time()
-    serve.start()  # same DB, same port
-    with http(serve.url) as c:
-        # reattached: the same driver's reports reach the new serve (its step moves on); still
-        # RUNNING, nothing resubmitted
-        job = wait_job(c, jid, lambda j: j["step"] > after, 60, f"a step after {after}")
-        assert job["state"] == "RUNNING" and job["restarts"] == 0, (job["state"], job["restarts"])
-        assert states(job) == ["QUEUED", "PLACING", "RUNNING"], states(job)
-        sid = job["submission_id"]
-        # every loss point measured while it was down is stored (the reports arrive in order)
-        loss = [p for p in stored_points(c, jid) if p["name"] == "loss"]
-        during = [p for p in loss if t_down < p["time"] < t_up]
-        assert len(during) >= (OUTAGE_CHECKPOINTS - 1) * every  # trained on while it was down
-        # the driver's reports were refused while it was down, then retried
-        r = c.get(f"/v1/jobs/{jid}/logs", params={"driver": "true"})
-        driver_log = r.json()["driver_log"] or ""
-        assert "report to" in driver_log and "failed" in driver_log, driver_log[-3000:]
-
-        # (b) serve and a rank SIGKILLed together, after a checkpoint newer than outage (a)'s
-        waited = checkpoint_at_least(ckpt, after + every)
-        pids = rank_pids(ray_head, jid)
-        assert len(pids) == 2
-    serve.kill()
+    pids = rank_pids(ray_head, jid)
+    assert len(pids) == 2
     os.kill(pids[0], signal.SIGKILL)  # rank 0 or 1, whichever actor started first
     # the driver notices, reports RETRYING into its buffer, re-reserves and trains on: wait for a
     # newer checkpoint
     checkpoint_at_least(ckpt, (latest_step(ckpt) or 0) + every)
-    serve.start()
+    t_up = time.time()
+    serve.start()  # same DB, same port
     with http(serve.url) as c:
         job = finished(c, jid)
         assert job["state"] == "SUCCEEDED", job["error"]
@@ -571,19 +550,24 @@ def test_control_plane_sigkill_reattaches_running_job_then_survives_a_rank_kille
             "SUCCEEDED",
         ], states(job)
         retry = job["transitions"][3]
-        assert retry["resume_step"] >= waited and retry["resume_step"] % every == 0, (
-            waited,
+        assert retry["resume_step"] >= after and retry["resume_step"] % every == 0, (
+            after,
             job["transitions"],
         )
         assert job["restarts"] == 1 and job["submission_id"] == sid  # the same driver throughout
         counts = exactly_once(c, jid, js)
         loss = [p for p in stored_points(c, jid) if p["name"] == "loss"]
-        assert len([p for p in loss if t_down < p["time"] < t_up]) == len(during)  # all kept
-        assert any(p["time"] > t_up for p in loss)  # and it trained beyond outage (a)
+        during = [p for p in loss if t_down < p["time"] < t_up]
+        assert len(during) >= (OUTAGE_CHECKPOINTS - 1) * every  # trained on while it was down
+        assert any(p["time"] > t_up for p in loss)  # and beyond it
+        # the driver's reports were refused while it was down, then retried
+        r = c.get(f"/v1/jobs/{jid}/logs", params={"driver": "true"})
+        driver_log = r.json()["driver_log"] or ""
+        assert "report to" in driver_log and "failed" in driver_log, driver_log[-3000:]
         print(
-            f"[faults] control-plane kill: checkpoints {before} -> {after} while it was down, "
-            f"{len(during)} loss points measured then, all delivered; cp + rank kill: checkpoint "
-            f"{waited} before the kills, resumed from {retry['resume_step']}; {counts}"
+            f"[faults] control-plane kill: checkpoints {before} -> {after} while it was down, then "
+            f"a rank killed; resumed from {retry['resume_step']}; {len(during)} loss points "
+            f"measured during the outage, all delivered; {counts}"
         )
         no_active_jobs(c)
 
