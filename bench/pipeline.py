@@ -79,32 +79,9 @@ def _spec(
     ring: int = 1,
     schedule: str = "1f1b",
 ) -> JobSpec:
-    parallel: dict[str, Any] = {"ring_size": ring, "layout": "zigzag"}
-    if pp > 1:
-        parallel |= {"pipeline_size": pp, "pipeline_schedule": schedule}
+    """The bubble job: a global batch of M microbatches of one sequence."""
     return JobSpec.model_validate(
-        {
-            "name": "pp-bench",
-            "model": {
-                "d_model": args.d_model,
-                "n_layers": args.layers,
-                "n_heads": 8,
-                "n_kv_heads": 4,
-                "ffn_mult": 4,
-                "tie_embeddings": False,
-            },
-            "data": {"kind": "passkey", "seq_len": args.seq, "key_digits": 3},
-            "parallel": parallel,
-            "train": {
-                "steps": args.steps,
-                "batch_size": m,
-                "microbatches": m if pp > 1 else 1,
-                "warmup_steps": 0,
-            },
-            "checkpoint": {"every_steps": 0},
-            "eval": {"enabled": False},
-            "verify": {"enabled": False},
-        }
+        _job(args, "pp-bench", batch=m, m=m, pp=pp, ring=ring, pipeline_schedule=schedule)
     )
 
 
@@ -173,11 +150,27 @@ def _memory_spec(
 ) -> dict[str, Any]:
     """The --memory job: batch 4, M microbatches (1 without a pipeline), `par` more parallel
     fields (pipeline_schedule, pipeline_split)."""
+    return _job(args, "pp-memory", batch=4, m=m, pp=pp, ring=ring, dp=dp, **par)
+
+
+def _job(
+    args: argparse.Namespace,
+    name: str,
+    *,
+    batch: int,
+    m: int,
+    pp: int,
+    ring: int,
+    dp: int = 1,
+    **par: Any,
+) -> dict[str, Any]:
+    """Both benches' job: the model and length from `args`, no checkpoints, evals or verification;
+    `par` (pipeline_schedule, pipeline_split) only where there is a pipeline."""
     parallel: dict[str, Any] = {"ring_size": ring, "data_parallel": dp, "layout": "zigzag"}
     if pp > 1:
         parallel |= {"pipeline_size": pp, **par}
     return {
-        "name": "pp-memory",
+        "name": name,
         "model": {
             "d_model": args.d_model,
             "n_layers": args.layers,
@@ -190,7 +183,7 @@ def _memory_spec(
         "parallel": parallel,
         "train": {
             "steps": args.steps,
-            "batch_size": 4,
+            "batch_size": batch,
             "microbatches": m if pp > 1 else 1,
             "warmup_steps": 0,
         },
