@@ -69,7 +69,7 @@ import functools
 import math
 from typing import Any
 
-from workers.config import JobSpec, mlp_tiles
+from workers.config import JobSpec, mlp_tiles, with_overrides
 from workers.parallel_dims import ring_head_chunks, stage_layers, stage_rank
 
 
@@ -497,18 +497,17 @@ def _pipeline_estimate(spec: JobSpec, acc: str, whole: dict[str, int]) -> dict[s
 def resolve_pipeline_split(spec: JobSpec) -> JobSpec:
     """`spec` with every `parallel.pipeline_split: auto` (the job's, each stage's) replaced by
     `balanced_split`: what the control plane stores at submission, so the trainer and a
-    resubmitted driver run the split the planner chose and never re-decide it."""
-    if spec.parallel.pipeline_split != "auto" and not any(
-        st.spec.parallel.pipeline_split == "auto" for st in spec.stage_plan()
-    ):
+    resubmitted driver run the split the planner chose and never re-decide it. A stage's split is
+    written into the stage (`with_overrides`), as the control plane stores what it resolves."""
+    stages = {
+        st.index: {"parallel": {"pipeline_split": balanced_split(st.spec)}}
+        for st in (spec.stage_plan() if spec.stages else [])
+        if st.spec.parallel.pipeline_split == "auto"
+    }
+    if stages:
+        spec = with_overrides(spec, stages)
+    if spec.parallel.pipeline_split != "auto":
         return spec
     data = spec.model_dump(mode="json")
-    if spec.parallel.pipeline_split == "auto":
-        top = spec.model_copy(update={"stages": None}) if spec.stages else spec
-        data["parallel"]["pipeline_split"] = balanced_split(top)
-    for st in spec.stage_plan() if spec.stages else []:
-        if st.spec.parallel.pipeline_split == "auto":
-            stage = data["stages"][st.index]
-            stage["parallel"] = {**(stage.get("parallel") or {})}
-            stage["parallel"]["pipeline_split"] = balanced_split(st.spec)
+    data["parallel"]["pipeline_split"] = balanced_split(spec)
     return JobSpec.model_validate(data)
