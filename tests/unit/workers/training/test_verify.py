@@ -390,10 +390,21 @@ def test_a_bf16_error_far_below_100x_the_tolerance_fails_at_the_documented_one()
     assert result.worst.removeprefix("gradient of ") in params, reason
 
 
+def _input_gradient_1pct_off(module: Any, args: tuple[Any, ...]) -> None:
+    """A stage's forward pre-hook: the gradient it sends back to the previous stage comes out 1%
+    too large on the job's own attention path (not under the check's one-rank reference); its
+    output and its parameters' gradients stay right."""
+    from workers.training.verify import OneRankAttention
+
+    if args[0].requires_grad and not isinstance(module.sp, OneRankAttention):
+        args[0].register_hook(lambda grad: grad * 1.01)
+
+
 def _pipeline_job(rank: int, world: int, spec_json: str) -> dict[str, Any]:
-    """One pipeline job's check three ways on the same trainer: with a kernel whose dV is 1% off
-    in charge on stage 1's ranks only (right logits, wrong gradients there), then as it is, then
-    one step of training; and one step of the same job with the check off."""
+    """One pipeline job's check four ways on the same trainer: with a kernel whose dV is 1% off
+    in charge on stage 1's ranks only (right logits, wrong gradients there), with stage 1 sending
+    back an input gradient 1% off (nothing else wrong), then as it is, then one step of training;
+    and one step of the same job with the check off."""
     from workers.attention.kernels import use_kernel
     from workers.training.trainer import Trainer
     from workers.training.verify import VerificationFailed
@@ -401,7 +412,7 @@ def _pipeline_job(rank: int, world: int, spec_json: str) -> dict[str, Any]:
     spec = JobSpec.model_validate_json(spec_json)
     points: list[Any] = []
     t = Trainer(spec, checkpoint_dir=None, emit=points.append)
-    out: dict[str, Any] = {"broken": None}
+    out: dict[str, Any] = {"broken": None, "input_broken": None}
     wrong = WrongBackward("test_dv_1pct_off_on_stage_1", 1.01)
     with use_kernel(wrong) if t.mesh.pp_rank == 1 else nullcontext():
         try:
@@ -409,6 +420,16 @@ def _pipeline_job(rank: int, world: int, spec_json: str) -> dict[str, Any]:
         except VerificationFailed as e:
             out["broken"] = str(e)
     out["broken_points"] = [p.model_dump() for p in points]
+    assert t.pipeline is not None
+    stage = t.pipeline.model.stage_modules[0]
+    hook = stage.register_forward_pre_hook(_input_gradient_1pct_off) if t.mesh.pp_rank else None
+    try:
+        t.verify()
+    except VerificationFailed as e:
+        out["input_broken"] = str(e)
+    finally:
+        if hook is not None:
+            hook.remove()
     points.clear()
     t.needs_verification = True
     t.train(max_steps=1)  # checks first, then step 1
@@ -424,7 +445,8 @@ def _pipeline_job(rank: int, world: int, spec_json: str) -> dict[str, Any]:
 def test_pipeline_stages_verify_their_own_layers_and_a_broken_stage_fails_naming_it() -> None:
     """pp 2 (one layer per stage): each stage's ranks check their own stage; the job records one
     rank-less result, rank 0's. A kernel 1% off in dV on stage 1's ranks only fails every rank
-    with the same reason, naming a gradient of stage 1; the check leaves training as it was."""
+    with the same reason, naming a gradient of stage 1, and so does a stage 1 right but for the
+    input gradient it sends back; the check leaves training as it was."""
     spec = _pp_shape(layers=2, pipeline_size=2)
     r0, r1 = run_distributed(_pipeline_job, 2, spec.model_dump_json())
     reason = r0["broken"]
@@ -435,6 +457,11 @@ def test_pipeline_stages_verify_their_own_layers_and_a_broken_stage_fails_naming
     broken = {p["name"]: p["value"] for p in r0["broken_points"]}
     assert broken["verify_passed"] == 0.0
     assert 1e-3 < broken["verify_max_rel_err"] < 1.0, reason  # the kernel's 1%, no blow-up
+    # only the gradient stage 1 sends back wrong: the check fails naming it, with its whole 1%
+    reason = r0["input_broken"]
+    assert reason is not None and r1["input_broken"] == reason, reason
+    worst = reason.split("largest difference from the one-rank reference in ")[1]
+    assert worst.startswith("gradient of the input of stage 1 (layers 1-1): 0.01 relative"), reason
 
     checked = [p for p in r0["points"] if p["name"].startswith("verify_")]
     assert {p["name"] for p in checked} == VERIFY_NAMES
