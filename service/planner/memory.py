@@ -263,6 +263,19 @@ def microbatches_in_flight(
     return int(in_flight_peak(ops, [1.0, 1.0]))
 
 
+def _runtime_bytes(spec: JobSpec, acc: str) -> int:
+    """The process's own bytes on CPU (interpreter, torch, gloo; more under tensor parallel)."""
+    if acc != "cpu":
+        return 0
+    tp = CPU_RUNTIME_TP_BYTES if spec.parallel.tensor_size > 1 else 0
+    return CPU_RUNTIME_BYTES + spec.model.cpu_runtime_bytes + tp
+
+
+def _gathered_bytes(root: int, block: int, gathered_bytes: int) -> int:
+    """FSDP's gathered copies: two blocks and the rank's root, and their fp32 gradients."""
+    return gathered_bytes * (root + 2 * block) + 4 * (root + block)
+
+
 def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, Any]:
     """A rank's peak bytes (what `mem_peak_bytes` measures) and its parts; see the module docstring.
 
@@ -287,16 +300,11 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
     tile = _tile_tokens(spec, tokens)
     chunk = min(LOSS_CHUNK_TOKENS, tokens)
     parts = {
-        "runtime": (
-            CPU_RUNTIME_BYTES + m.cpu_runtime_bytes + (CPU_RUNTIME_TP_BYTES if T > 1 else 0)
-        )
-        if acc == "cpu"
-        else 0,
+        "runtime": _runtime_bytes(spec, acc),
         "params": 4 * p_rank // S,
         "grads": 4 * p_rank // S,
         "adamw": 8 * p_rank // S,
-        "gathered": gathered_bytes * (p_root + 2 * p_block)
-        + 4 * (p_root + p_block),  # 2 blocks, fp32 grads
+        "gathered": _gathered_bytes(p_root, p_block, gathered_bytes),
         "activations": act_bytes * tokens * (terms["kept"] - terms["offloaded"]),
         "backward_working_set": act_bytes
         * (tokens * terms["working"] + tile * terms["working_tile"]),
@@ -376,11 +384,7 @@ def pipeline_rank_bytes(
     tile = _tile_tokens(spec, mb_tokens)
     chunk = min(LOSS_CHUNK_TOKENS, mb_tokens)
     kvd = m.kv_heads * m.head_dim // T
-    runtime = (
-        CPU_RUNTIME_BYTES + m.cpu_runtime_bytes + (CPU_RUNTIME_TP_BYTES if T > 1 else 0)
-        if acc == "cpu"
-        else 0
-    )
+    runtime = _runtime_bytes(spec, acc)
     stages = len(split)
     out = []
     for r in range(P) if ranks is None else ranks:
@@ -400,10 +404,7 @@ def pipeline_rank_bytes(
                 "params": 4 * p_rank // S,
                 "grads": 4 * p_rank // S,
                 "adamw": 8 * p_rank // S,
-                # FSDP's gathered copies: two blocks and the rank's root, their fp32 gradients
-                "gathered": (
-                    gathered_bytes * (root + 2 * p_block) + 4 * (root + p_block) if fsdp else 0
-                ),
+                "gathered": _gathered_bytes(root, p_block, gathered_bytes) if fsdp else 0,
                 "activations": int(act_bytes * mb_tokens * floats),
                 "backward_working_set": act_bytes
                 * (mb_tokens * terms["working"] + tile * terms["working_tile"]),
