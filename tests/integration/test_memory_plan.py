@@ -106,38 +106,40 @@ def _pretrained_specs(root: Path, family: str, ring: int) -> list[JobSpec]:
 
 
 class Launches:
-    """The cases' specs, and each case's peaks (per rank, per spec) from the one launch of its
-    world size, which runs on the first request for any case of that size."""
+    """Each case's specs and peaks (per rank, per spec) from the one launch of its world size, which
+    runs on the first request for any case of that size (`xdist_group` keeps a world's cases on
+    one worker)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.specs: dict[str, tuple[int, list[JobSpec]]] = {}
-        for ring, seq, tensor, knobs in NATIVE:
-            specs = [_spec(ring, seq, tensor, **KNOBS[k]) for k in knobs]
-            self.specs[f"native-{ring}-{seq}-{tensor}"] = (ring * tensor, specs)
+        self.world = {f"native-{r}-{s}-{t}": r * t for r, s, t, _ in NATIVE}
+        self.world |= {f"pretrained-{family}-{ring}": ring for family, ring in PRETRAINED}
+        self.specs: dict[str, list[JobSpec]] = {}
         self.peaks: dict[str, list[list[float]]] = {}
 
+    def _specs(self, case: str) -> list[JobSpec]:
+        kind, *rest = case.split("-")
+        if kind == "pretrained":
+            return _pretrained_specs(self.root, rest[0], int(rest[1]))
+        ring, seq, tensor = map(int, rest)
+        knobs = next(k for r, s, t, k in NATIVE if (r, s, t) == (ring, seq, tensor))
+        return [_spec(ring, seq, tensor, **KNOBS[k]) for k in knobs]
+
     def of(self, case: str) -> tuple[list[JobSpec], list[list[float]]]:
-        if case.startswith("pretrained-") and case not in self.specs:
-            family, ring = case.split("-")[1], int(case.split("-")[2])
-            self.specs[case] = (ring, _pretrained_specs(self.root, family, ring))
-        world = self.specs[case][0]
         if case not in self.peaks:
-            for family, ring in PRETRAINED:  # every case of this world size in the launch
-                key = f"pretrained-{family}-{ring}"
-                if ring == world and key not in self.specs:
-                    self.specs[key] = (ring, _pretrained_specs(self.root, family, ring))
-            group = [c for c, (w, _) in self.specs.items() if w == world and c not in self.peaks]
-            jsons = [s.model_dump_json() for c in group for s in self.specs[c][1]]
+            group = [c for c, w in self.world.items() if w == self.world[case]]
+            for c in group:
+                self.specs[c] = self._specs(c)
+            jsons = [s.model_dump_json() for c in group for s in self.specs[c]]
             # in fresh processes, ring 1 included: the test process's own peak holds whatever
             # earlier tests left in it (its RSS is what a rank's mem_peak_bytes measures on CPU)
-            per_rank = run_distributed(_peaks, world, jsons, timeout=1200, fresh=True)
+            per_rank = run_distributed(_peaks, self.world[case], jsons, timeout=1200, fresh=True)
             at = 0
             for c in group:
-                n = len(self.specs[c][1])
+                n = len(self.specs[c])
                 self.peaks[c] = [r[at : at + n] for r in per_rank]
                 at += n
-        return self.specs[case][1], self.peaks[case]
+        return self.specs[case], self.peaks[case]
 
 
 @pytest.fixture(scope="module")
