@@ -213,7 +213,7 @@ def schedule_ops(
     def bwd(op: int) -> int:
         return V - 1 - ((op - warm) // per_round) % V
 
-    ops, backwards = [], []
+    ops, backwards = [], []  # backwards: the local stage of each B, in order, for its W
     for op in range(total + warm):
         if op < total:
             ops.append(("F", fwd(op)))
@@ -222,8 +222,8 @@ def schedule_ops(
         ops.append(("B", bwd(op)))
         backwards.append(bwd(op))
         if zb and op - warm >= r:
-            ops.append(("W", backwards[len([o for o in ops if o[0] == "W"])]))
-    done = len([o for o in ops if o[0] == "W"])
+            ops.append(("W", backwards[op - warm - r]))
+    done = max(0, len(backwards) - r)  # the Ws run in the loop, `rank` Bs behind
     ops += [("W", stage) for stage in backwards[done:]] if zb else []
     return ops
 
