@@ -42,7 +42,7 @@ from workers import metrics as catalog
 from workers.config import JobSpec
 from workers.data.batch import Batch, from_windows
 from workers.models import RingModel, SequenceParallel
-from workers.parallel_dims import ParallelDims
+from workers.parallel_dims import ParallelDims, stage_layers
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.mesh import Mesh
 from workers.training.pipeline import Pipeline, StageModule, stage_inputs
@@ -354,18 +354,19 @@ class StagePlan:
 
     index: int
     layers: range
-    first: bool
     last: bool
 
     @classmethod
-    def of(cls, pipeline: Pipeline) -> list[StagePlan]:
-        """The plans of this rank's stages, in `pipeline.model.stage_modules` order."""
-        out = []
-        for index, module in zip(pipeline.stage_indices, pipeline.model.stage_modules, strict=True):
-            layers = [int(k) for k in module.layers]
-            span = range(min(layers), max(layers) + 1)
-            out.append(cls(index, span, index == 0, index == pipeline.num_stages - 1))
-        return out
+    def of(cls, pipeline: Pipeline, spec: JobSpec) -> list[StagePlan]:
+        """The plans of this rank's stages, in `pipeline.model.stage_modules` order (the layers
+        as `build_pipeline` cut them)."""
+        n, stages = pipeline.whole.cfg.n_layers, pipeline.num_stages
+        ranges = stage_layers(n, stages, spec.parallel.pipeline_split)
+        return [cls(s, ranges[s], s == stages - 1) for s in pipeline.stage_indices]
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
 
     def describe(self) -> str:
         return f"stage {self.index} (layers {self.layers.start}-{self.layers.stop - 1})"
@@ -494,7 +495,7 @@ def _check_stages(
     summed = mesh.dims.stage_size // mesh.tensor_size
     sp = model.sequence_parallel
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for plan, module in zip(StagePlan.of(pipeline), model.stage_modules, strict=True):
+    for plan, module in zip(StagePlan.of(pipeline, spec), model.stage_modules, strict=True):
         drawn = plan.inputs(spec, whole.inputs.shape[1], dtype)
         hidden, dout = (t.to(local.inputs.device) for t in drawn)
         x_local = local.inputs if plan.first else hidden[:, rows]
