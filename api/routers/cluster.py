@@ -101,14 +101,11 @@ async def plan_job(
             )
         if any(st.spec.parallel.ring_auto for st in spec.stage_plan()):
             spec = await resolve_ring_auto(ctx, spec)
-        spec = resolve_pipeline_split(spec)
-        p = plan(spec.largest_stage().spec, cluster)
-    else:
-        if fitting or spec.parallel.ring_auto:
-            field = "fit.memory_per_rank_gib" if fitting else "parallel.ring_size"
-            spec, chosen = fit_or_422(spec, cluster, budget, field)
-        spec = resolve_pipeline_split(spec)  # the split `auto` chooses, as submission stores it
-        p = plan(spec, cluster)
+    elif fitting or spec.parallel.ring_auto:
+        field = "fit.memory_per_rank_gib" if fitting else "parallel.ring_size"
+        spec, chosen = fit_or_422(spec, cluster, budget, field)
+    spec = resolve_pipeline_split(spec)  # the split `auto` chooses, as submission stores it
+    p = plan(spec.largest_stage().spec if spec.stages else spec, cluster)
     if cluster_error:
         p.warnings.insert(0, cluster_error + " - placement not previewed")
     return PlanOut.of(spec.model_dump(mode="json"), p, cluster_error, chosen)
