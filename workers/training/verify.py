@@ -500,7 +500,6 @@ def _check_stages(
         hidden, dout = (t.to(local.inputs.device) for t in drawn)
         x_local = local.inputs if plan.first else hidden[:, rows]
         x_whole = whole.inputs if plan.first else hidden
-        model.set_sequence_parallel(sp)
         got = _stage_pass(
             module,
             plan,
@@ -514,8 +513,8 @@ def _check_stages(
         )
         model.set_sequence_parallel(OneRankAttention(None, spec.parallel.layout))
         ref = _stage_pass(module, plan, x_whole, whole, dout, rows, 1 / summed, finish, autocast())
+        model.set_sequence_parallel(sp)
         pairs.update({name: (got[name], ref[name]) for name in got})
-    model.set_sequence_parallel(sp)
     return _named_relative_errors(pairs, mesh.distributed, local.inputs.device)
 
 
@@ -559,7 +558,6 @@ def verify(
                 )
             else:
                 errors = _check_model(model, spec, mesh, local, whole, autocast, finish_gradients)
-            model.set_sequence_parallel(sp)
             fp32_err = None
             if dtype != torch.float32:
                 fp32_err = _attention_vs_fp32(spec, sp, batch, local, dtype, mesh.distributed)
