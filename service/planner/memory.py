@@ -283,6 +283,8 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
     cpu)."""
     m, p = spec.model, spec.parallel
     acc = accelerator or ("gpu" if spec.resources.accelerator == "gpu" else "cpu")
+    if p.pipeline_size > 1:
+        return _pipeline_estimate(spec, acc)
     P = param_count(spec)
     ulysses, T = p.ulysses_size, p.tensor_size
     W = p.data_parallel * p.ring_size * ulysses * T
@@ -311,8 +313,6 @@ def memory_estimate(spec: JobSpec, accelerator: str | None = None) -> dict[str, 
         "loss": 4 * (2 * chunk * V + V * d + 2 * tokens * d),
         "ring_buffers": _ring_buffer_bytes(p.ring_size, m.kv_heads // T, kvd, tokens, act_bytes),
     }
-    if p.pipeline_size > 1:
-        return _pipeline_estimate(spec, acc, parts)
     return {
         "param_count": P,
         "world_size": W,
@@ -449,15 +449,15 @@ def balanced_split(spec: JobSpec, accelerator: str | None = None) -> list[int]:
     return split
 
 
-def _pipeline_estimate(spec: JobSpec, acc: str, whole: dict[str, int]) -> dict[str, Any]:
-    """The busiest pipeline rank's bytes (`pipeline_rank_bytes`), in `whole`'s parts (the same
-    shape's estimate without a pipeline) plus the receive buffers."""
+def _pipeline_estimate(spec: JobSpec, acc: str) -> dict[str, Any]:
+    """The busiest pipeline rank's bytes (`pipeline_rank_bytes`): the whole model's parts plus
+    the receive buffers."""
     m, p, tr = spec.model, spec.parallel, spec.train
     split = _split_of(spec)
     ranks = pipeline_rank_bytes(spec, split, acc)
     totals = [sum(r.values()) for r in ranks]
     busiest = max(range(len(ranks)), key=lambda r: (totals[r], -r))
-    parts = {k: ranks[busiest][k] for k in [*whole, "pipeline_buffers"]}
+    parts = ranks[busiest]
     b = tr.batch_size // p.data_parallel
     t = spec.data.seq_len // (p.ring_size * p.ulysses_size)
     mb_tokens = b // tr.microbatches * t
