@@ -216,9 +216,10 @@ def _pass(
     autocast: AbstractContextManager[object],
     grad_scale: float,
     finish_gradients: Callable[[], None] | None = None,
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward and backward of `batch`: (the logits of sequence positions `rows`, or of all, and
-    every parameter's local gradient times `grad_scale`); the gradients are None again after."""
+    every parameter's local gradient times `grad_scale` by name); the gradients are None again
+    after."""
     positions = batch.positions if batch.doc_positions is None else batch.doc_positions
     with autocast:
         hidden = model.features(batch.inputs, positions, cu_seqlens=batch.cu_seqlens)
@@ -229,12 +230,21 @@ def _pass(
     linear_cross_entropy_sum(hidden, weight, batch.labels, batch.weights).backward()
     if finish_gradients is not None:
         finish_gradients()
-    none = torch.zeros(0, device=hidden.device)  # a parameter without a gradient (unused)
-    grads = []
-    for p in model.parameters():
-        grads.append(_local(p.grad).float() * grad_scale if p.grad is not None else none)
-    model.zero_grad(set_to_none=True)
-    return logits, grads
+    return logits, _take_gradients(model, grad_scale, hidden.device)
+
+
+def _take_gradients(
+    module: torch.nn.Module, grad_scale: float, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Every parameter's local gradient times `grad_scale`, by parameter name (empty for a
+    parameter without one: unused); the gradients are None again after."""
+    none = torch.zeros(0, device=device)
+    grads = {
+        _param_name(name): _local(p.grad).float() * grad_scale if p.grad is not None else none
+        for name, p in module.named_parameters()
+    }
+    module.zero_grad(set_to_none=True)
+    return grads
 
 
 def _squares(a: torch.Tensor, ref: torch.Tensor) -> list[torch.Tensor]:
@@ -413,8 +423,8 @@ def _check_model(
     summed = mesh.world // mesh.tensor_size
     ref_logits, ref_grads = _pass(model, whole, rows, autocast(), 1 / summed, finish_gradients)
     model.set_sequence_parallel(sp)
-    names = ["logits", *(f"gradient of {_param_name(n)}" for n, _ in model.named_parameters())]
-    pairs = [(got_logits, ref_logits), *zip(got_grads, ref_grads, strict=True)]
+    names = ["logits", *(f"gradient of {n}" for n in got_grads)]
+    pairs = [(got_logits, ref_logits), *((got_grads[n], ref_grads[n]) for n in got_grads)]
     return dict(zip(names, _relative_errors(pairs, mesh.distributed), strict=True))
 
 
@@ -462,11 +472,8 @@ def _stage_pass(
     if not plan.first:
         assert x.grad is not None
         result[plan.input_gradient] = pick(x.grad.float())
-    none = torch.zeros(0, device=device)  # a parameter without a gradient (unused)
-    for name, p in module.named_parameters():
-        grad = _local(p.grad).float() * grad_scale if p.grad is not None else none
-        result[plan.gradient(_param_name(name))] = grad
-    module.zero_grad(set_to_none=True)
+    for name, grad in _take_gradients(module, grad_scale, device).items():
+        result[plan.gradient(name)] = grad
     return result
 
 
