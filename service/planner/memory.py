@@ -462,8 +462,12 @@ def _pipeline_estimate(spec: JobSpec, acc: str) -> dict[str, Any]:
     t = spec.data.seq_len // (p.ring_size * p.ulysses_size)
     mb_tokens = b // tr.microbatches * t
     local = [s for s in range(len(split)) if stage_rank(s, p.pipeline_size) == busiest]
+    ops = _cached_ops(p.pipeline_schedule, p.pipeline_size, tr.microbatches, busiest)
     flight = microbatches_in_flight(p.pipeline_schedule, p.pipeline_size, tr.microbatches, busiest)
-    offloaded = activation_terms(spec)["offloaded"] / m.n_layers * sum(split[s] for s in local)
+    # on the host at once: the offloaded inputs of the microbatch-stages in flight, each of its
+    # own stage's layers (as the activations)
+    per_layer = activation_terms(spec)["offloaded"] / m.n_layers
+    offloaded = in_flight_peak(ops, [per_layer * split[s] for s in local])
     return {
         "param_count": param_count(spec),
         "world_size": p.world_size,
@@ -471,7 +475,7 @@ def _pipeline_estimate(spec: JobSpec, acc: str) -> dict[str, Any]:
         "local_batch": b,
         "mlp_tile_tokens": _tile_tokens(spec, mb_tokens),
         "accelerator": acc,
-        "offloaded_bytes": int((2 if acc == "gpu" else 4) * mb_tokens * offloaded * flight),
+        "offloaded_bytes": int((2 if acc == "gpu" else 4) * mb_tokens * offloaded),
         "bytes": parts,
         "total_bytes": totals[busiest],
         "pipeline": {

@@ -148,3 +148,35 @@ def test_auto_split_is_resolved_per_stage() -> None:
     assert splits == [balanced_split(st.spec) for st in stored.stage_plan()]
     assert [len(s) for s in splits] == [2, 4] and all(sum(s) == 8 for s in splits)
     assert isinstance(stored.parallel.pipeline_split, list)
+
+
+def test_offloaded_bytes_count_each_microbatch_stage_with_its_own_layers() -> None:
+    """Host bytes under offload: the microbatch-stages in flight, each of one stage's layers.
+    8 layers, 4 microbatches, P 2: against the whole model's offloaded bytes (all 8 layers of the
+    whole batch), rank 1 holds 1 (1f1b, 4 layers), 3 (interleaved) or 4 (zero bubble) microbatch-
+    stages of 2 layers, i.e. 4, 6 or 8 of the 32 microbatch-layers."""
+
+    def spec(pp: int, schedule: str, m: int) -> JobSpec:
+        return JobSpec.model_validate(
+            {
+                "name": "pp-offload",
+                "model": {"d_model": 64, "n_layers": 8, "n_heads": 4, "tie_embeddings": False},
+                "data": {"kind": "passkey", "seq_len": 4096},
+                "parallel": {"pipeline_size": pp, "pipeline_schedule": schedule},
+                "train": {
+                    "batch_size": 4,
+                    "microbatches": m,
+                    "activation_checkpointing": "full",
+                    "offload_activations": True,
+                },
+                "verify": {"enabled": False},
+                "eval": {"enabled": False},
+                "resources": {"accelerator": "gpu"},
+            }
+        )
+
+    whole = memory_estimate(spec(1, "1f1b", 1))["offloaded_bytes"]
+    for schedule, layers in (("1f1b", 4), ("interleaved_1f1b", 6), ("zero_bubble", 8)):
+        est = memory_estimate(spec(2, schedule, 4))
+        assert est["pipeline"]["busiest_rank"] == 1
+        assert est["offloaded_bytes"] * 32 == whole * layers, schedule
