@@ -9,6 +9,7 @@ forwarded point is recorded in `Delivered`, the watermark the resume decision us
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import ray
 
@@ -20,10 +21,17 @@ from workers.protocol import MetricPoint
 log = logging.getLogger("ringtrain.driver")
 
 
+# How long one drain waits for the ranks' buffers. A rank that answers later (a long step, a
+# stalled process) keeps its call: the next drain collects that batch instead of asking again,
+# so a late answer is forwarded, never dropped (its buffer was already emptied into it).
+DRAIN_WAIT_S = 10.0
+
+
 class MetricForwarder:
     def __init__(self, reporter: Reporter, delivered: Delivered) -> None:
         self.reporter = reporter
         self.delivered = delivered
+        self._pending: dict[Any, Any] = {}  # actor -> its unanswered drain_metrics call
 
     def send(self, points: list[MetricPoint], *, replay: bool = False) -> None:
         for p in points:
@@ -32,19 +40,25 @@ class MetricForwarder:
 
     def drain(self, group: RankGroup, *, tolerate_dead: bool = False) -> None:
         """Forward what every rank buffers. A dead rank raises RankLost, after the live ranks'
-        points went out (their buffers are drained already); with `tolerate_dead` it is skipped."""
-        refs = [a.drain_metrics.remote() for a in group.ranked_actors()]
+        points went out (their buffers are drained already); with `tolerate_dead` it is skipped.
+        A rank that does not answer within DRAIN_WAIT_S is asked nothing new: its pending answer
+        goes out with a later drain."""
+        actors = group.ranked_actors()
+        refs = [self._pending.pop(a, None) or a.drain_metrics.remote() for a in actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=DRAIN_WAIT_S)
+        answered = set(ready)
         points: list[tuple[int, int, int, MetricPoint]] = []
         lost: RankLost | None = None
-        for r, ref in enumerate(refs):
+        for r, (actor, ref) in enumerate(zip(actors, refs, strict=True)):
+            if ref not in answered:
+                self._pending[actor] = ref
+                continue
             try:
-                batch: list[MetricPoint] = ray.get(ref, timeout=10)
+                batch: list[MetricPoint] = ray.get(ref)
             except lost_errors() as e:
                 if lost is None and not tolerate_dead:
                     lost = RankLost(f"rank {r} died: {short(e)}")
                     lost.__cause__ = e
-                continue
-            except ray.exceptions.GetTimeoutError:
                 continue
             points += [
                 (p.step, r, i, p) for i, p in enumerate(batch) if p.rank is not None or r == 0

@@ -1,0 +1,112 @@
+"""`MetricForwarder.drain` when a rank answers late: a drain that waited its DRAIN_WAIT_S for a
+busy or stalled rank keeps that rank's call, and a later drain forwards its batch (the rank's
+buffer was emptied into that answer, so asking again would lose it for good: `Delivered` then
+vouches for the steps before the next batch, and no resume would replay them).
+
+Ray's object refs are stood in for by refs that answer when the test says so; `ray.wait` and
+`ray.get` are swapped for their equivalents on those refs (the rest of the path is the real one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import ray
+
+from workers.orchestration import forwarding
+from workers.orchestration.forwarding import MetricForwarder
+from workers.orchestration.recovery import Delivered
+from workers.protocol import MetricPoint
+
+
+@dataclass(eq=False)
+class Ref:
+    batch: list[MetricPoint]
+    answered: bool = False
+
+
+@dataclass(eq=False)
+class Rank:
+    """A rank actor's buffer; `late` makes its next answer wait until the test releases it."""
+
+    rank: int
+    buffer: list[MetricPoint] = field(default_factory=list)
+    calls: list[Ref] = field(default_factory=list)
+    late: bool = False
+
+    def train(self, step: int) -> None:
+        if self.rank == 0:
+            self.buffer.append(MetricPoint(step=step, name="loss", value=1.0 / step, time=0.0))
+        self.buffer.append(
+            MetricPoint(step=step, name="mem_peak_bytes", value=1e6, rank=self.rank, time=0.0)
+        )
+
+    @property
+    def drain_metrics(self) -> Any:
+        rank = self
+
+        class Remote:
+            @staticmethod
+            def remote() -> Ref:
+                ref = Ref(list(rank.buffer), answered=not rank.late)
+                rank.buffer.clear()  # the actor empties its buffer into the answer
+                rank.calls.append(ref)
+                return ref
+
+        return Remote
+
+
+@dataclass
+class Group:
+    ranks: list[Rank]
+
+    def ranked_actors(self) -> list[Rank]:
+        return list(self.ranks)
+
+
+class Reporter:
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, str, int | None]] = []
+
+    def metric(self, p: MetricPoint, *, replay: bool = False) -> None:
+        self.sent.append((p.step, p.name, p.rank))
+
+
+@pytest.fixture
+def fake_refs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def wait(refs: list[Ref], num_returns: int, timeout: float) -> tuple[list[Ref], list[Ref]]:
+        return [r for r in refs if r.answered], [r for r in refs if not r.answered]
+
+    def get(ref: Ref) -> list[MetricPoint]:
+        assert ref.answered
+        return ref.batch
+
+    monkeypatch.setattr(forwarding.ray, "wait", wait)
+    monkeypatch.setattr(forwarding.ray, "get", get)
+    assert forwarding.ray is ray  # the real module, restored after the test
+
+
+def test_a_late_answer_is_forwarded_by_the_next_drain_once(fake_refs: None) -> None:
+    ranks = [Rank(0), Rank(1)]
+    group, reporter = Group(ranks), Reporter()
+    fwd = MetricForwarder(reporter, Delivered(2))  # type: ignore[arg-type]
+    for step in (1, 2):
+        for r in ranks:
+            r.train(step)
+    ranks[1].late = True  # rank 1 stalls: its answer (steps 1 and 2) does not come in time
+    fwd.drain(group)  # type: ignore[arg-type]
+    assert (1, "mem_peak_bytes", 1) not in reporter.sent
+    ranks[1].late = False
+    ranks[1].calls[-1].answered = True  # it answers now
+    for r in ranks:
+        r.train(3)
+    fwd.drain(group)  # type: ignore[arg-type]  # collects the late answer, asks nothing new
+    fwd.drain(group)  # type: ignore[arg-type]  # then asks again: step 3
+    want = [(s, "loss", None) for s in (1, 2, 3)] + [
+        (s, "mem_peak_bytes", r) for s in (1, 2, 3) for r in (0, 1)
+    ]
+    assert sorted(reporter.sent, key=str) == sorted(want, key=str)
+    assert len(ranks[1].calls) == 2 and len(ranks[0].calls) == 3
+    assert fwd.delivered.summary() == {"global": 2, "rank 0": 2, "rank 1": 2}
