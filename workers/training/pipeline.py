@@ -26,19 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-)
-from torch.distributed.pipelining.stage import _PipelineStageBase
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from workers.config import JobSpec
@@ -48,6 +41,9 @@ from workers.models.llama import Transformer, rope_tables
 from workers.parallel_dims import stage_layers, stage_rank
 from workers.training.loss import linear_cross_entropy_sum
 from workers.training.mesh import Mesh
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 from workers.training.parallelize import Parallelized, blocks_of, parallelize
 from workers.training.tensor_parallel import _to_full, _to_piece, apply_tensor_parallel
 
@@ -198,6 +194,15 @@ class Pipeline:
         tokens = torch.empty(mb, seq, dtype=torch.long, device="meta")
         hidden = torch.empty(mb, seq, cfg.d_model, dtype=dtype, device="meta", requires_grad=True)
         loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)
+        # imported here, not at the top: torch.distributed.pipelining brings in torch._dynamo, ~0.7
+        # CPU-s on every process that imports the trainer, pipeline or not
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleInterleaved1F1B,
+            ScheduleInterleavedZeroBubble,
+        )
+
         stages: list[_PipelineStageBase] = []
         for index, module in zip(self.stage_indices, self.model.stage_modules, strict=True):
             stages.append(
