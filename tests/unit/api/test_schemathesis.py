@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.generation.meta import TestPhase
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_headers_conformance,
@@ -55,6 +58,10 @@ def _schema_dict() -> dict:
 schema = schemathesis.openapi.from_dict(_schema_dict())
 
 
+OPEN = {"/healthz", "/readyz"}
+_COVERAGE_SEEN: defaultdict[str, itertools.count[int]] = defaultdict(itertools.count)
+
+
 @schema.parametrize()
 @settings(
     max_examples=30,
@@ -64,31 +71,24 @@ schema = schemathesis.openapi.from_dict(_schema_dict())
     suppress_health_check=list(HealthCheck),
 )
 def test_api_conforms(case, api_server):
+    """With the owner's token every operation answers as its schema says, whatever the input; the
+    same input without a token gets a conformant 401 from every secured operation (open ones stay
+    open) and 405 for a method the path does not declare. Without the token go the generated
+    inputs, the coverage phase's undeclared methods and every 8th of its boundary cases (valid and
+    invalid bodies alike: ~2400 for the job spec, where one in 8 still sends ~300 bodies that must
+    meet a 401, never a 422, before they are read)."""
     case.call_and_validate(
         base_url=api_server.url,
         headers={"Authorization": f"Bearer {ALICE}"},
         checks=CHECKS,
         timeout=15,
     )
-
-
-OPEN = {"/healthz", "/readyz"}
-
-
-@schema.parametrize()
-@settings(
-    max_examples=5,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
-def test_api_without_token(case, api_server):
-    """No token: every secured operation answers a conformant 401 whatever the input; open ones stay open."""
+    undeclared = case.method.upper() != case.operation.method.upper()
+    coverage = case.meta is not None and case.meta.phase.name == TestPhase.COVERAGE
+    if coverage and not undeclared and next(_COVERAGE_SEEN[case.operation.label]) % 8:
+        return
     r = case.call_and_validate(base_url=api_server.url, checks=CHECKS, timeout=15)
-    if (
-        case.method.upper() != case.operation.method.upper()
-    ):  # schemathesis also tries undeclared methods
+    if undeclared:  # schemathesis also tries undeclared methods
         assert r.status_code == 405, r.text[:300]
     else:
         assert r.status_code == (200 if case.operation.path in OPEN else 401), (
