@@ -202,7 +202,8 @@ def test_leader_killed_mid_run_follower_takes_over_nothing_lost_or_doubled(
     metrics_b = httpx.get(f"{b.url}/metrics", timeout=5).text
     assert f'ringtrain_replica_leader{{replica="{rb["replica"]}"}} 0.0' in metrics_b
 
-    js = spec(40, every=5, name="replicas")
+    # one rank: what is tested is the control plane's replicas (a ring's resume: test_faults.py)
+    js = spec(40, every=5, name="replicas", parallel={"ring_size": 1})
     with http(proxy.url) as c:
         jid = c.post("/v1/jobs", json=js).json()["id"]
         token = c.headers["Authorization"].split()[1]
@@ -215,7 +216,9 @@ def test_leader_killed_mid_run_follower_takes_over_nothing_lost_or_doubled(
         t_kill = time.monotonic()
         c.close()  # its pooled connection went to the dead replica; a new one goes to the survivor
     with http(proxy.url) as c:
-        jid2 = c.post("/v1/jobs", json=spec(3, every=0, name="after-kill")).json()["id"]
+        jid2 = c.post(
+            "/v1/jobs", json=spec(3, every=0, name="after-kill", parallel={"ring_size": 1})
+        ).json()["id"]
         took = None
         while time.monotonic() - t_kill < 3 * LEASE_S:  # wait longer than the bound, to report it
             got = role(b.url)
