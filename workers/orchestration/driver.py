@@ -420,7 +420,7 @@ class JobDriver:
                             f"a rank died (rank {rank} saw: {short(e.cause or e)})"
                         ) from e
                     raise TrainingError(f"rank {rank}: {_cause_text(e)}") from e
-        self.forwarder.drain(g)
+        self.forwarder.drain(g, final=True)
         return results[0]
 
     def _some_rank_dead(self, g: RankGroup, timeout_s: float = 5.0) -> bool:
@@ -449,7 +449,7 @@ class JobDriver:
                         num_returns=len(self._train_refs),
                         timeout=self.timing.stop_grace_s,
                     )
-                self.forwarder.drain(g)
+                self.forwarder.drain(g, final=True)
             except Exception as e:  # the ranks are released below whatever happened here
                 log.warning("stopping the ranks gracefully failed (%s); releasing them", short(e))
         self._teardown()

@@ -23,7 +23,8 @@ log = logging.getLogger("ringtrain.driver")
 
 # How long one drain waits for the ranks' buffers. A rank that answers later (a long step, a
 # stalled process) keeps its call: the next drain collects that batch instead of asking again,
-# so a late answer is forwarded, never dropped (its buffer was already emptied into it).
+# so a late answer is forwarded, never dropped (its buffer was already emptied into it). Until it
+# comes, the other ranks' points are held back, so that points still go out in step order.
 DRAIN_WAIT_S = 10.0
 
 
@@ -32,22 +33,23 @@ class MetricForwarder:
         self.reporter = reporter
         self.delivered = delivered
         self._pending: dict[Any, Any] = {}  # actor -> its unanswered drain_metrics call
+        self._held: list[tuple[int, int, MetricPoint]] = []  # (step, rank, point), arrival order
 
     def send(self, points: list[MetricPoint], *, replay: bool = False) -> None:
         for p in points:
             self.reporter.metric(p, replay=replay)
             self.delivered.record(p)
 
-    def drain(self, group: RankGroup, *, tolerate_dead: bool = False) -> None:
-        """Forward what every rank buffers. A dead rank raises RankLost, after the live ranks'
-        points went out (their buffers are drained already); with `tolerate_dead` it is skipped.
-        A rank that does not answer within DRAIN_WAIT_S is asked nothing new: its pending answer
-        goes out with a later drain."""
+    def drain(self, group: RankGroup, *, tolerate_dead: bool = False, final: bool = False) -> None:
+        """Forward what every rank buffers, in step order. A dead rank raises RankLost, after the
+        live ranks' points went out (their buffers are drained already); with `tolerate_dead` it is
+        skipped. A rank that does not answer within DRAIN_WAIT_S is asked nothing new, and the
+        points of the ranks that did answer wait for its answer (a later drain), unless this is the
+        group's last drain (`final`, `tolerate_dead`): then they go out without it."""
         actors = group.ranked_actors()
         refs = [self._pending.pop(a, None) or a.drain_metrics.remote() for a in actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=DRAIN_WAIT_S)
         answered = set(ready)
-        points: list[tuple[int, int, int, MetricPoint]] = []
         lost: RankLost | None = None
         for r, (actor, ref) in enumerate(zip(actors, refs, strict=True)):
             if ref not in answered:
@@ -60,10 +62,12 @@ class MetricForwarder:
                     lost = RankLost(f"rank {r} died: {short(e)}")
                     lost.__cause__ = e
                 continue
-            points += [
-                (p.step, r, i, p) for i, p in enumerate(batch) if p.rank is not None or r == 0
-            ]
-        points.sort(key=lambda t: t[:3])
+            self._held += [(p.step, r, p) for p in batch if p.rank is not None or r == 0]
+        waiting = any(a in self._pending for a in actors)
+        if waiting and lost is None and not (final or tolerate_dead):
+            return
+        self._held.sort(key=lambda t: t[:2])  # stable: a rank's points keep their order
+        points, self._held = self._held, []
         self.send([p for *_, p in points])
         if lost is not None:
             raise lost

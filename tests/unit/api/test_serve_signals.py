@@ -23,6 +23,12 @@ from tests.support.dist import free_port
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT's default disposition, as a shell gives it: a pytest-xdist worker ignores SIGINT, and
+    an ignored signal stays ignored across exec (Python then installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_serve_shuts_down_on_the_signal(tmp_path: Path, sig: signal.Signals, status: int) -> None:
     port = free_port()
@@ -40,6 +46,7 @@ def test_serve_shuts_down_on_the_signal(tmp_path: Path, sig: signal.Signals, sta
         proc = subprocess.Popen(
             [sys.executable, "-c", "from api.cli import main; raise SystemExit(main())", "serve"],
             env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_as_from_a_terminal,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 60

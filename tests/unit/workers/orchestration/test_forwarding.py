@@ -88,7 +88,7 @@ def fake_refs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert forwarding.ray is ray  # the real module, restored after the test
 
 
-def test_a_late_answer_is_forwarded_by_the_next_drain_once(fake_refs: None) -> None:
+def test_a_late_answer_is_forwarded_by_the_next_drain_once_in_step_order(fake_refs: None) -> None:
     ranks = [Rank(0), Rank(1)]
     group, reporter = Group(ranks), Reporter()
     fwd = MetricForwarder(reporter, Delivered(2))  # type: ignore[arg-type]
@@ -97,16 +97,31 @@ def test_a_late_answer_is_forwarded_by_the_next_drain_once(fake_refs: None) -> N
             r.train(step)
     ranks[1].late = True  # rank 1 stalls: its answer (steps 1 and 2) does not come in time
     fwd.drain(group)  # type: ignore[arg-type]
-    assert (1, "mem_peak_bytes", 1) not in reporter.sent
+    assert reporter.sent == []  # rank 0's points wait for rank 1's older ones
     ranks[1].late = False
     ranks[1].calls[-1].answered = True  # it answers now
     for r in ranks:
         r.train(3)
     fwd.drain(group)  # type: ignore[arg-type]  # collects the late answer, asks nothing new
     fwd.drain(group)  # type: ignore[arg-type]  # then asks again: step 3
-    want = [(s, "loss", None) for s in (1, 2, 3)] + [
-        (s, "mem_peak_bytes", r) for s in (1, 2, 3) for r in (0, 1)
-    ]
+    want = [(s, "loss", None) for s in (1, 2, 3)]
+    want += [(s, "mem_peak_bytes", r) for s in (1, 2, 3) for r in (0, 1)]
     assert sorted(reporter.sent, key=str) == sorted(want, key=str)
+    steps = [s for s, _, _ in reporter.sent]
+    assert steps == sorted(steps), reporter.sent
     assert len(ranks[1].calls) == 2 and len(ranks[0].calls) == 3
     assert fwd.delivered.summary() == {"global": 2, "rank 0": 2, "rank 1": 2}
+
+
+def test_the_last_drain_of_a_group_sends_what_it_holds(fake_refs: None) -> None:
+    """At the group's end (`final`) a rank that never answers holds back nothing of the others."""
+    ranks = [Rank(0), Rank(1)]
+    group, reporter = Group(ranks), Reporter()
+    fwd = MetricForwarder(reporter, Delivered(2))  # type: ignore[arg-type]
+    for r in ranks:
+        r.train(1)
+    ranks[1].late = True
+    fwd.drain(group)  # type: ignore[arg-type]
+    assert reporter.sent == []
+    fwd.drain(group, final=True)  # type: ignore[arg-type]
+    assert reporter.sent == [(1, "loss", None), (1, "mem_peak_bytes", 0)]
