@@ -3,7 +3,7 @@ never outlives it (SIGKILL included), and a restarted serve continues the jobs i
 checkpoints (ARCHITECTURE.md, "Contracts"). SIGTERM takes serve through the same shutdown as
 Ctrl-C (its handler turns the signal into an exit, so the same `finally` stops the head): checked
 on a serve without a head of its own, whose exit status says the handler ran
-(tests/integration/test_faults.py, the control-plane outage).
+(tests/unit/api/test_serve_signals.py).
 
 Ray's own processes are found as descendants of serve and by the head's unique temp dir on their command lines;
 after each signal none may be left running.

@@ -63,8 +63,11 @@ class MetricForwarder:
                     lost.__cause__ = e
                 continue
             self._held += [(p.step, r, p) for p in batch if p.rank is not None or r == 0]
-        waiting = any(a in self._pending for a in actors)
-        if waiting and lost is None and not (final or tolerate_dead):
+        last = final or tolerate_dead
+        if last:  # nobody asks this group again: what it has not answered is not waited for
+            for a in actors:
+                self._pending.pop(a, None)
+        elif lost is None and any(a in self._pending for a in actors):
             return
         self._held.sort(key=lambda t: t[:2])  # stable: a rank's points keep their order
         points, self._held = self._held, []
