@@ -1,6 +1,6 @@
 """Skip where a system dependency is missing, but fail under CI.
 
-A test that needs something outside Python (kubectl, PostgreSQL's server binaries, Chromium) skips on a
+A test that needs something outside Python (kubectl, PostgreSQL's server binaries, Chromium, Node.js) skips on a
 developer's machine that lacks it. `.ci/run` installs all of them and sets `RINGTRAIN_REQUIRE_<NAME>=1`,
 so there a lost install step fails the tests instead of passing as a row of skips.
 """
