@@ -3,9 +3,10 @@ tier (the first folder under tests/), skip GPU tests without CUDA.
 
 Tiers mirror what a test needs, and folders below `unit/` mirror the code it tests:
 `unit/<package>/` (one package, in-process or a few torch.distributed processes; no Ray cluster
-except where the package itself runs on Ray), `integration/` (the control plane, a real Ray head,
-drivers and ranks together), `browser/` (headless Chromium), `deploy/` (manifests rendered
-offline), `multihost/` (network namespaces). `make test-fast` runs `unit/` without slow tests.
+except where the package itself runs on Ray; the dashboard in headless Chromium against a real
+server in `unit/api/browser/`, marked `browser`), `integration/` (the control plane, a real Ray
+head, drivers and ranks together), `deploy/` (manifests rendered offline), `multihost/` (network
+namespaces). `make test-fast` runs `unit/` without slow tests.
 Helpers shared by several modules live in `support/`."""
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-TIERS = ("unit", "integration", "browser", "deploy", "multihost")
+TIERS = ("unit", "integration", "deploy", "multihost")
 
 
 def _on_the_cluster(item: pytest.Item) -> bool:

@@ -1,7 +1,8 @@
 """End to end: real local Ray (session head from tests.support.ray_fixtures) + real server + real driver + tiny jobs.
 
 A cancel on Ray (driver STOPPED, rank actors dead, placement group removed, cancel and stop idempotent) is checked
-where the dashboard cancels a real Ray job (tests/browser/test_dashboard.py), so it runs no job of its own here."""
+where the dashboard cancels a real Ray job (tests/integration/test_dashboard_ray.py), so it runs no job of its own
+here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The CLI's metric values by unit (api/cli/units.py): each unit of the catalog, flat zeros, very
 large and non-finite values, and `status` lines written through it. The dashboard's units.js is
-checked against the same answers in tests/browser/test_charts_browser.py."""
+checked against the same answers in tests/unit/api/browser/test_charts_browser.py."""
 
 from __future__ import annotations
 

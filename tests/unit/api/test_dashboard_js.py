@@ -1,7 +1,7 @@
 """The dashboard's JavaScript that runs without a page, under Node's own test runner (`node --test`):
 value and tick formats, axis ranges, metric-name ordering and families, pipeline ranks, stage
 boundaries, the 422 field's line (dashboard_js/logic.test.mjs), and the REST and event-stream client
-against a loopback HTTP server (dashboard_js/api.test.mjs). The browser tests (tests/browser) drive
+against a loopback HTTP server (dashboard_js/api.test.mjs). The browser tests (tests/unit/api/browser) drive
 the same modules in Chromium through the real server; these keep a one-line slip in them visible to
 the fast tier, where no browser runs.
 

@@ -1,7 +1,7 @@
 """The layer around authentication, on a real server (uvicorn on loopback, SQLite file): browser hardening headers,
 rate limits (per API token, per job on the report route, per address without a valid token), ingest tokens that
 stop at the job's end and rotate per driver attempt, hashed API tokens in the configuration, and the audit trail.
-The browser side of the headers (zero CSP violations in Chromium) is tests/browser/test_security_browser.py.
+The browser side of the headers (zero CSP violations in Chromium) is tests/unit/api/browser/test_security_browser.py.
 """
 
 from __future__ import annotations
