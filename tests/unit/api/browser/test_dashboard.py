@@ -491,6 +491,7 @@ def test_pipeline_job_ring_grouped_by_stage(page: Any, server: Any) -> None:
         "() => [...document.querySelectorAll('#ring svg.ring-svg')].map(e => e.dataset.crossings)"
     )
     assert rings == ["0", "0"] and page.locator("#ring .edge.cross").count() == 0
+    assert page.locator("#ring svg.ring-svg .edge").count() == 2  # a ring of 2 has one link
     assert "4 stage hops (4 across nodes)" in page.locator("#ring .legend-row").inner_text()
     stage_col = page.evaluate(
         "() => [...document.querySelectorAll('#ring .rank-table tbody tr')]"
