@@ -256,6 +256,12 @@ def test_job_page_live_ring_retry_cancel(page: Any, server: Any) -> None:
         page, "() => document.querySelector('#logs').textContent.includes('resumed at step 15')"
     )
     shot(page, "dashboard-job")
+    # the log box keeps the newest 500 lines: 505 more arrive live, the oldest ones leave
+    for at in range(0, 505, 101):
+        d.post([d.item("log", source="rank-0", line=f"tail {i}") for i in range(at, at + 101)])
+    wait_js(page, "() => document.querySelector('#logs').textContent.endsWith('tail 504')")
+    shown = page.locator("#logs").text_content().split("\n")
+    assert len(shown) == 500 and shown[0].endswith("tail 5"), (len(shown), shown[:2])
     # cancel, with confirmation; "Keep running" first
     page.click("#cancel-button")
     page.locator("#confirm-dialog").wait_for(state="visible")
