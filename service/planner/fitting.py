@@ -186,12 +186,14 @@ def fit(spec: JobSpec, cluster: ClusterInfo, memory_per_rank_bytes: int | None =
                             f"{knobs.name}: {total / GIB:.2f} of {budget / GIB:.2f} GiB per rank"
                         )
                         return out
-    # Beyond the cluster (sequence groups doubling, the spec's tensor_size): only to say how many
-    # devices would do.
+    # Beyond the cluster (the spec's tensor_size): the smallest larger sequence group whose leanest
+    # estimate fits, only to say how many devices would do. Every size is tried, not only
+    # doublings: a length of 3 x 2^k runs on a group of 6, and a cluster of 12 devices is not a
+    # power of two (an estimate takes microseconds).
     tensor = tensors[0]
-    group = max(min(devices if nodes else MAX_WORLD, MAX_WORLD) // (pp * dp * tensor), 1)
-    while nodes and group * 2 * pp * dp * tensor <= MAX_WORLD:
-        group *= 2
+    held = sum(c // tensor for c in per_node_counts) * tensor  # whole tensor groups only
+    first = min(held, MAX_WORLD) // (pp * dp * tensor) + 1
+    for group in range(first, MAX_WORLD // (pp * dp * tensor) + 1) if nodes else ():
         for ring, ulysses in _shapes(spec, group, per_node // tensor if per_node else 0):
             if _shape_problem(spec, ring, ulysses, tensor):
                 continue
