@@ -72,3 +72,50 @@ def test_ring_equals_transformers_generate(checkpoint: Path, world: int) -> None
     for rank, got in enumerate(per_rank):
         for layout in layouts:
             assert got[layout] == expected, (rank, layout, got[layout], expected)
+
+
+def test_generation_stops_after_the_first_stop_token(checkpoint: Path) -> None:
+    """`stop`: the tokens up to and including the first one in `stop`, then nothing more (the
+    reference is transformers' greedy output cut there by hand)."""
+    from workers.evals.generate import greedy_generate
+    from workers.models import load_pretrained
+
+    expected = _reference(checkpoint)
+    k = next(i for i in range(2, NEW - 1) if expected[i] not in expected[:i])
+    model = load_pretrained(str(checkpoint))
+    prompt = _prompt(model.config.vocab_size)
+    got = greedy_generate(model, prompt, NEW, stop={expected[k]})
+    assert got == expected[: k + 1]
+    assert greedy_generate(model, prompt, 3) == expected[:3]
+
+
+def test_evaluate_orders_lengths_and_scores_the_answer_without_the_stop_token(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`evaluate` with the generation stubbed (it is checked above): lengths run shortest first,
+    the prompt is the tokenizer's encoding, and the prediction is the generated text without the
+    end-of-sequence token it stopped on."""
+    import workers.evals.run as run
+    import workers.models
+    from workers.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(checkpoint.resolve()))
+    assert tok.eos_id is not None
+    calls: list[tuple[int, int, set[int] | None]] = []
+
+    def fake_generate(model: object, ids: list[int], max_new: int, **kw: object) -> list[int]:
+        calls.append((len(ids), max_new, kw.get("stop")))  # type: ignore[arg-type]
+        return [*tok.encode(" 1234567"), int(tok.eos_id)]  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run, "greedy_generate", fake_generate)
+    monkeypatch.setattr(workers.models, "load_pretrained", lambda path: object())
+    summary, records = run.evaluate(checkpoint, [700, 500], 1, tasks=["niah_single_noise"])
+    assert [r["length"] for r in records] == [500, 700]
+    for r, (n_ids, max_new, stop) in zip(records, calls, strict=True):
+        assert r["prompt_tokens"] == n_ids == len(tok.encode(r["prompt"]))
+        assert (max_new, stop) == (r["max_new_tokens"], {tok.eos_id})
+        assert r["prediction"] == tok.decode(tok.encode(" 1234567"))
+        assert r["score"] == (1.0 if r["answers"] == ["1234567"] else 0.0)
+    assert sorted(summary["by_length"]) == ["500", "700"]
+    with pytest.raises(ValueError, match="at least one length >= 1"):
+        run.evaluate(checkpoint, [0, 500], 1)
