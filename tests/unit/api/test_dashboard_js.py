@@ -46,11 +46,15 @@ def test_dashboard_module(static: Path, suite: str) -> None:
         "RINGTRAIN_UNITS_KNOWN": json.dumps([list(row) for row in KNOWN]),
         "NO_COLOR": "1",
     }
-    done = subprocess.run(
-        ["node", "--test", "--test-reporter=spec", str(HERE / suite)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    try:
+        done = subprocess.run(
+            ["node", "--test", "--test-reporter=spec", str(HERE / suite)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired as e:  # e.g. an event-stream client that never stops
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"node --test {suite} did not end within 120 s:\n{out[-6000:]}")
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]

@@ -159,10 +159,13 @@ test("events: a 401 or 404 stops following and says why", async () => {
 
 test("events: stop() ends a live stream and no reconnect follows", async () => {
   let connections = 0;
+  let dropped = false;  // the client closed the stream before the server would have ended it
   handler = (req, res) => {
     connections += 1;
     res.writeHead(200, { "content-type": "text/event-stream" });
-    res.write("retry: 10\nid: 1\nevent: metric\ndata: {\"step\": 1}\n\n");
+    res.write("retry: 200\nid: 1\nevent: metric\ndata: {\"step\": 1}\n\n");
+    const end = setTimeout(() => res.end(), 300);  // a client still following reconnects 200 ms later
+    res.on("close", () => { if (!res.writableEnded) dropped = true; clearTimeout(end); });
   };
   const got = [];
   const stop = followEvents("j2", 0, { metric: (p) => got.push(p) });
@@ -171,8 +174,8 @@ test("events: stop() ends a live stream and no reconnect follows", async () => {
   } finally {
     stop();
   }
-  await new Promise((r) => setTimeout(r, 150));
-  assert.equal(connections, 1);
+  await new Promise((r) => setTimeout(r, 800));
+  assert.deepEqual([connections, dropped], [1, true]);
 });
 
 test("events: the server's `retry` sets the wait before a reconnect (here 3.5 s, longer than the 2 s default)", async () => {
