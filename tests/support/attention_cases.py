@@ -275,3 +275,18 @@ def usp_vs_reference(rank: int, world: int, cases: list[dict]) -> list[dict]:
             }
         )
     return results
+
+
+def install_flash_attn(monkeypatch, mod) -> None:  # type: ignore[no-untyped-def]
+    """Make `mod` the importable `flash_attn.flash_attn_interface` for one test (a stand-in with a
+    release's private fwd/bwd signatures: flash-attn itself needs CUDA) and forget the cached probe."""
+    import sys
+    import types
+
+    from workers.attention import kernels
+
+    pkg = types.ModuleType("flash_attn")
+    pkg.flash_attn_interface = mod
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", mod)
+    kernels._flash_attn_api.cache_clear()

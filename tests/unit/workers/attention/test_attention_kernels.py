@@ -9,7 +9,12 @@ import types
 import pytest
 import torch
 
-from tests.support.attention_cases import make_inputs, reference_attention, reference_doc_attention
+from tests.support.attention_cases import (
+    install_flash_attn,
+    make_inputs,
+    reference_attention,
+    reference_doc_attention,
+)
 from workers.attention import kernels, ring_attention
 from workers.attention.kernels import FlashAttn, TorchCpuFlash, _pad8
 
@@ -303,11 +308,7 @@ def _fake_flash_attn(convention: str) -> tuple[types.ModuleType, list[tuple]]:
 @pytest.mark.parametrize("convention", ["2.6", "2.7"])
 def test_flash_attn_both_call_conventions(convention: str, monkeypatch: pytest.MonkeyPatch) -> None:
     mod, calls = _fake_flash_attn(convention)
-    pkg = types.ModuleType("flash_attn")
-    pkg.flash_attn_interface = mod  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
-    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", mod)
-    kernels._flash_attn_api.cache_clear()
+    install_flash_attn(monkeypatch, mod)
     try:
         assert kernels.flash_attn_available()
         monkeypatch.setenv("RINGTRAIN_ATTN_BACKEND", "flash_attn")
@@ -338,12 +339,8 @@ def test_flash_attn_varlen_both_call_conventions(
     signature (by keyword where the conventions differ), the lse comes back [heads, total_q], and the result equals
     the float64 document-masked reference."""
     mod, calls = _fake_flash_attn(convention)
-    pkg = types.ModuleType("flash_attn")
-    pkg.flash_attn_interface = mod  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
-    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", mod)
+    install_flash_attn(monkeypatch, mod)
     monkeypatch.setenv("RINGTRAIN_ATTN_BACKEND", "flash_attn")
-    kernels._flash_attn_api.cache_clear()
     try:
         q, k, v, dout = make_inputs(4, 2, 24, 4, 2, 12, torch.float32)  # head_dim 12: padded to 16
         cu = torch.tensor([0, 1, 9, 10, 24], dtype=torch.int32)

@@ -7,13 +7,13 @@ kernel put in charge with `use_kernel`.)
 
 from __future__ import annotations
 
-import sys
 import types
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from tests.support.attention_cases import install_flash_attn
 from workers.attention import kernels
 from workers.attention.kernels import register_kernel, select_kernel, use_kernel
 from workers.attention.varlen import FlashAttnVarlen, LoopVarlen, select_varlen
@@ -92,11 +92,7 @@ def test_flash_attn_older_than_2_6_is_not_used(monkeypatch: pytest.MonkeyPatch) 
     mod = types.ModuleType("flash_attn.flash_attn_interface")
     mod._flash_attn_forward = fwd_2_5  # type: ignore[attr-defined]
     mod._flash_attn_backward = fwd_2_5  # type: ignore[attr-defined]
-    pkg = types.ModuleType("flash_attn")
-    pkg.flash_attn_interface = mod  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
-    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", mod)
-    kernels._flash_attn_api.cache_clear()
+    install_flash_attn(monkeypatch, mod)
     try:
         assert kernels._flash_attn_api() is None
         assert not kernels.flash_attn_available()
@@ -114,12 +110,8 @@ def test_varlen_off_forbids_the_flash_varlen_kernel(monkeypatch: pytest.MonkeyPa
     mod = types.ModuleType("flash_attn.flash_attn_interface")
     for name in ("forward", "backward", "varlen_forward", "varlen_backward"):
         setattr(mod, f"_flash_attn_{name}", fa_2_7)
-    pkg = types.ModuleType("flash_attn")
-    pkg.flash_attn_interface = mod  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
-    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", mod)
+    install_flash_attn(monkeypatch, mod)
     monkeypatch.setenv("RINGTRAIN_ATTN_BACKEND", "flash_attn")
-    kernels._flash_attn_api.cache_clear()
     try:
         monkeypatch.setenv("RINGTRAIN_ATTN_VARLEN", "")
         assert select_varlen(CPU, torch.bfloat16, 64) == FlashAttnVarlen()
