@@ -122,3 +122,25 @@ def test_the_last_drain_of_a_group_sends_what_it_holds(fake_refs: None) -> None:
     assert reporter.sent == []
     fwd.drain(group, final=True)  # type: ignore[arg-type]
     assert reporter.sent == [(1, "loss", None), (1, "mem_peak_bytes", 0)]
+
+
+def test_a_step_goes_out_only_once_every_rank_has_reported_it(fake_refs: None) -> None:
+    """Ranks answer a drain at slightly different moments: rank 0's batch ends at step 2 while rank
+    1's step-2 points are emitted just after its answer. Step 2 waits for them, so no point of step
+    1 or 2 follows one of a later step (seen in CI: a 124 before a 123)."""
+    ranks = [Rank(0), Rank(1)]
+    group, reporter = Group(ranks), Reporter()
+    fwd = MetricForwarder(reporter, Delivered(2))  # type: ignore[arg-type]
+    for r in ranks:
+        r.train(1)
+    ranks[0].train(2)
+    fwd.drain(group)  # type: ignore[arg-type]
+    assert reporter.sent == [(1, "loss", None), (1, "mem_peak_bytes", 0), (1, "mem_peak_bytes", 1)]
+    ranks[1].train(2)  # rank 1 reaches step 2 after it answered
+    for r in ranks:
+        r.train(3)
+    fwd.drain(group)  # type: ignore[arg-type]
+    fwd.drain(group, final=True)  # type: ignore[arg-type]
+    steps = [s for s, _, _ in reporter.sent]
+    assert steps == [1, 1, 1, 2, 2, 2, 3, 3, 3], reporter.sent
+    assert len(set(reporter.sent)) == len(reporter.sent) == 9
