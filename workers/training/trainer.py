@@ -369,6 +369,11 @@ class Trainer:
                 p.grad.div_(total_weight)
         return stats
 
+    def step_tokens(self, local: Batch) -> int:
+        """Tokens in the global batch (for `tokens_per_s`): every rank of a pipeline stage holds
+        an equal share of it, and a tensor group's ranks hold the same share."""
+        return local.inputs.numel() * self.mesh.dims.stage_size // self.mesh.tensor_size
+
     def train_step(self) -> StepStats:
         """One optimizer step on the global batch of `self.step`; collective over all ranks."""
         if self.device.type == "cuda":
@@ -389,8 +394,7 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.step += 1
         self.last_loss = float(stats[0] / total_weight)
-        # every sequence-parallel rank holds an equal share of the global batch
-        tokens = local.inputs.numel() * self.mesh.dims.stage_size // self.mesh.tensor_size
+        tokens = self.step_tokens(local)
         return StepStats(
             self.last_loss,
             lr,

@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 
 from tests.support.dist import run_distributed
 from tests.support.trainutil import final_weights, one_thread, series, tiny_spec, train
+from workers.config import JobSpec
 
 assert one_thread  # autouse fixture, imported to apply to this module
 
@@ -73,11 +74,31 @@ def _run(world: int, spec: str, ckpt: Path, max_steps: int | None = None) -> dic
     loss = [p for p in points if p["name"] == "loss"]
     assert all(p["rank"] is None for p in loss)
     assert all(not any(p["name"] == "loss" for p in o["points"]) for o in out[1:])
+    _check_points(out, JobSpec.model_validate_json(spec))
     return {
         "loss": series(points, "loss"),
         "grad_norm": series(points, "grad_norm"),
         "weights": final_weights(ckpt),
     }
+
+
+def _check_points(out: list[dict[str, Any]], job: Any) -> None:
+    """What every rank emits: rank-less points from rank 0 only; on each rank, its per-rank points
+    (mem_peak_bytes, state_bytes) once per step under its own rank; `tokens_per_s` counts the
+    global batch (rows x seq_len) once, whatever the pipeline and tensor shape."""
+    steps = sorted({p["step"] for p in out[0]["points"] if p["name"] == "loss"})
+    for rank, o in enumerate(out):
+        if rank > 0:
+            assert [p["name"] for p in o["points"] if p["rank"] is None] == [], rank
+        for name in ("mem_peak_bytes", "state_bytes"):
+            mine = [p for p in o["points"] if p["name"] == name]
+            assert [p["step"] for p in mine] == steps and {p["rank"] for p in mine} == {rank}
+            assert all(p["value"] > 0 for p in mine), (rank, name)
+    seconds = {p["step"]: p["value"] for p in out[0]["points"] if p["name"] == "step_time_s"}
+    tokens = job.train.batch_size * job.data.seq_len
+    for p in out[0]["points"]:
+        if p["name"] == "tokens_per_s":
+            assert p["value"] * seconds[p["step"]] == pytest.approx(tokens, rel=1e-6)
 
 
 def _compare(name: str, got: dict[str, Any], ref: dict[str, Any], steps: int = K) -> None:
@@ -100,7 +121,6 @@ def _compare(name: str, got: dict[str, Any], ref: dict[str, Any], steps: int = K
 def _moved(ref: dict[str, Any], spec: str) -> float:
     """How far training moved the weights from their initial values (the comparison is not
     trivial when this is far above the tolerance)."""
-    from workers.config import JobSpec
     from workers.models import build_model
 
     job = JobSpec.model_validate_json(spec)
@@ -114,7 +134,6 @@ def test_pp2_equals_one_process(tmp_path: Path) -> None:
     planner (`pipeline_split: auto`, resolved as submission resolves it): the first stage holds
     two microbatches in flight, the last one, so the split is uneven."""
     from service.planner import resolve_pipeline_split
-    from workers.config import JobSpec
 
     base: dict[str, Any] = {"batch": 4, "layers": 6}
     ref = _run(1, _spec(**base), tmp_path / "ref")

@@ -93,7 +93,8 @@ def _one_step_gradients(rank: int, world: int, specs: list[str]) -> list[dict[st
             g = p.grad
             whole = g.full_tensor() if isinstance(g, DTensor) else g
             grads[name] = whole.detach().numpy().copy()  # by value: the process ends after
-        out.append({"loss": float(stats[0] / stats[1]), "grads": grads})
+        tokens = trainer.step_tokens(trainer.local_batch())  # what tokens_per_s counts
+        out.append({"loss": float(stats[0] / stats[1]), "grads": grads, "tokens": tokens})
     return out
 
 
@@ -175,6 +176,7 @@ def test_one_step_gradients_of_tp2_equal_one_process_small() -> None:
         wrong = {name: f"{e:.1e}" for name, e in errors.items() if not e <= GRAD_RTOL}
         assert not wrong, f"relative gradient error over {GRAD_RTOL}: {wrong}"
         assert _grad_error(rank, ref) <= GRAD_RTOL
+        assert rank["tokens"] == ref["tokens"] == 2 * 96  # the global batch, counted once
 
 
 @pytest.mark.multiprocess
