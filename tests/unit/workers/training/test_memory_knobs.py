@@ -48,6 +48,7 @@ def _parallelize_offloading_on_cpu(model, mesh, device, knobs):
 
 def _grads(rank: int, world: int, specs: list[str], offload_on_cpu: bool) -> list[dict[str, Any]]:
     """Loss and full gradients of one forward_backward per spec (collective)."""
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     import workers.training.trainer as trainer_module
@@ -74,7 +75,9 @@ def _grads(rank: int, world: int, specs: list[str], offload_on_cpu: bool) -> lis
             full = g.full_tensor() if isinstance(g, DTensor) else g
             grads[name] = full.detach().numpy().copy()  # numpy: tensors cannot outlive the process
         offloaded = trainer.offload.offloaded_bytes if trainer.offload is not None else 0
-        out.append({"loss": float(total), "grads": grads, "offloaded": offloaded})
+        # FSDP units: one per block (gathered just before it runs, freed after) and the root
+        units = sum(isinstance(m, FSDPModule) for m in trainer.model.modules())
+        out.append({"loss": float(total), "grads": grads, "offloaded": offloaded, "units": units})
     return out
 
 
@@ -112,6 +115,9 @@ def test_knobs_give_the_same_loss_and_gradients(ring):
         run_distributed(_grads, ring, specs, False) if ring > 1 else [_grads(0, 1, specs, False)]
     )
     _compare(per_rank[0], [str(k) for k in KNOBS])
+    n_layers = JobSpec.model_validate_json(specs[0]).model.n_layers
+    for rank in per_rank:  # one process shards nothing
+        assert [run["units"] for run in rank] == [n_layers + 1 if ring > 1 else 0] * len(KNOBS)
 
 
 def _docs_spec(corpus: Any, ulysses: int, **train: Any) -> str:

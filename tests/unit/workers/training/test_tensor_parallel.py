@@ -158,25 +158,42 @@ def test_one_step_gradients_equal_one_process(pretrained: dict[str, Path]) -> No
 
 
 @pytest.mark.multiprocess
-def test_one_step_gradients_of_tp2_equal_one_process_small() -> None:
+def test_one_step_gradients_of_tp2_equal_one_process_small(tmp_path: Path) -> None:
     """The fast tier's tensor-parallel check: one block, 96 tokens, T = 2 against one process, every
     parameter's whole gradient. Under sequence parallelism a norm sees only its tensor rank's piece of
-    the tokens, so its weight's gradient is right only once the pieces' parts are summed."""
+    the tokens, so its weight's gradient is right only once the pieces' parts are summed. Also in
+    the same launch: a tiled MLP (its tiles run over the whole sequence, so its down projection
+    all-reduces instead of reduce-scattering) and a one-layer qwen3, whose per-head q/k norms see
+    only a tensor rank's heads (their gradients are partial sums over the tensor group)."""
     small = {"model": {"n_layers": 1}, "data": {"seq_len": 96}}
-    ref = _one_step_gradients(0, 1, [_native(**small)])[0]
-    got = run_distributed(_one_step_gradients, 2, [_native(parallel={"tensor_size": 2}, **small)])
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS)
+    qwen3 = write_checkpoint(tmp_path / "qwen3", "qwen3", head_dim=16, num_hidden_layers=1)
+    cases = {
+        "native": (_native(**small), _native(parallel={"tensor_size": 2}, **small)),
+        "native, tiled MLP": (
+            _native(train={"tiled_mlp": 2}, **small),
+            _native(parallel={"tensor_size": 2}, train={"tiled_mlp": 2}, **small),
+        ),
+        "qwen3": (_hf(qwen3, corpus), _hf(qwen3, corpus, tensor_size=2)),
+    }
+    refs = _one_step_gradients(0, 1, [one for one, _ in cases.values()])
+    got = run_distributed(_one_step_gradients, 2, [two for _, two in cases.values()])
+    ref = refs[0]
     norms = [n for n in ref["grads"] if "norm" in n]
     assert len(norms) == 3, norms  # the block's two and the final one
     assert all(np.abs(ref["grads"][n]).max() > 0 for n in norms)
-    for (rank,) in got:  # every tensor rank holds the same whole gradients
-        errors = {
-            name: float(np.linalg.norm(rank["grads"][name] - g) / np.linalg.norm(g))
-            for name, g in ref["grads"].items()
-        }
-        wrong = {name: f"{e:.1e}" for name, e in errors.items() if not e <= GRAD_RTOL}
-        assert not wrong, f"relative gradient error over {GRAD_RTOL}: {wrong}"
-        assert _grad_error(rank, ref) <= GRAD_RTOL
-        assert rank["tokens"] == ref["tokens"] == 2 * 96  # the global batch, counted once
+    assert any(n.endswith("q_norm.weight") for n in refs[2]["grads"])
+    for per_rank in got:  # every tensor rank holds the same whole gradients
+        for case, run, one in zip(cases, per_rank, refs, strict=True):
+            errors = {
+                name: float(np.linalg.norm(run["grads"][name] - g) / np.linalg.norm(g))
+                for name, g in one["grads"].items()
+            }
+            wrong = {name: f"{e:.1e}" for name, e in errors.items() if not e <= GRAD_RTOL}
+            assert not wrong, f"{case}: relative gradient error over {GRAD_RTOL}: {wrong}"
+            assert _grad_error(run, one) <= GRAD_RTOL, case
+        assert per_rank[0]["tokens"] == refs[0]["tokens"] == 2 * 96  # the global batch, once
 
 
 @pytest.mark.multiprocess
