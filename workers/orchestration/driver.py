@@ -419,6 +419,10 @@ class JobDriver:
                         raise RankLost(
                             f"a rank died (rank {rank} saw: {short(e.cause or e)})"
                         ) from e
+                    # what the ranks emitted before failing (a failed verification's points) goes
+                    # out: the forwarder holds a step until every rank reports it, and a rank that
+                    # failed reports nothing more
+                    self.forwarder.salvage(g)
                     raise TrainingError(f"rank {rank}: {_cause_text(e)}") from e
         self.forwarder.drain(g, final=True)
         return results[0]
