@@ -1,27 +1,33 @@
-"""The audit middleware's rows, driven in process (the middleware around a tiny ASGI app, a fake
-store that keeps the rows): a route that crashes is audited as the 500 the client gets, not as a
+"""The audit middleware's rows, driven in process (the middleware around a tiny ASGI app, a real
+store on a temporary SQLite file keeps the rows): a route that crashes is audited as the 500 the client gets, not as a
 success, and a created job's id comes from the first segment of its `Location`."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from api.audit import AuditMiddleware, _location_job
+from service.db import make_engine, migrate
+from service.models import AuditEvent
+from service.store import Store
 
 
-class _Audit:
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def record(self, **row: Any) -> None:
-        self.rows.append(row)
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    engine = make_engine(f"sqlite:///{tmp_path}/ringtrain.db")
+    migrate(engine)
+    yield Store(engine)
+    engine.dispose()
 
 
 def _through(
+    store: Store,
     method: str,
     path: str,
     route: str,
@@ -29,9 +35,8 @@ def _through(
     status: int | None,
     headers: list[tuple[bytes, bytes]] | None = None,
     path_params: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[AuditEvent]:
     """The rows one request by alice writes; `status` None = the route raises before answering."""
-    store = SimpleNamespace(audit=_Audit())
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         scope["route"] = SimpleNamespace(path=route)
@@ -64,11 +69,12 @@ def _through(
             asyncio.run(go())
     else:
         asyncio.run(go())
-    return store.audit.rows
+    return store.audit.events(None)
 
 
-def test_a_route_that_crashes_is_audited_as_a_500() -> None:
+def test_a_route_that_crashes_is_audited_as_a_500(store: Store) -> None:
     rows = _through(
+        store,
         "POST",
         "/v1/jobs/j1/cancel",
         "/v1/jobs/{job_id}/cancel",
@@ -77,21 +83,26 @@ def test_a_route_that_crashes_is_audited_as_a_500() -> None:
     )
     assert len(rows) == 1
     r = rows[0]
-    assert (r["owner"], r["action"], r["job_id"], r["status"], r["outcome"]) == (
+    assert (r.owner, r.action, r.job_id, r.status, r.outcome) == (
         "alice",
         "job.cancel",
         "j1",
         500,
         "internal_error",
     )
-    assert r["client"] == "10.1.2.3"
+    assert r.client == "10.1.2.3"
 
 
-def test_a_created_job_is_named_by_its_location() -> None:
+def test_a_created_job_is_named_by_its_location(store: Store) -> None:
     rows = _through(
-        "POST", "/v1/jobs", "/v1/jobs", status=201, headers=[(b"Location", b"/v1/jobs/abc123")]
+        store,
+        "POST",
+        "/v1/jobs",
+        "/v1/jobs",
+        status=201,
+        headers=[(b"Location", b"/v1/jobs/abc123")],
     )
-    assert [(r["action"], r["job_id"], r["status"], r["outcome"]) for r in rows] == [
+    assert [(r.action, r.job_id, r.status, r.outcome) for r in rows] == [
         ("job.create", "abc123", 201, "ok")
     ]
 

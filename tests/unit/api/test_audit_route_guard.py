@@ -1,11 +1,12 @@
-"""GET /v1/audit's scoping and paging, driven in process (the route function on a fake store that
-filters as the real one does): pages end exactly at the last row, the default page holds 100 rows,
-the job filter reaches the store, times are UTC, and only audit readers see other owners' rows
-(an owner naming themself is fine)."""
+"""GET /v1/audit's scoping and paging, driven in process (the route function on a real store on a
+temporary SQLite file): pages end exactly at the last row, the default page holds 100 rows, the job
+filter reaches the store, times are UTC, and only audit readers see other owners' rows (an owner
+naming themself is fine)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -14,28 +15,13 @@ import pytest
 
 from api.errors import ApiError
 from api.routers.audit import AuditPage, audit
+from service.db import make_engine, migrate
+from service.settings import Settings
+from service.store import Store
 
 
-class _Audit:
-    def __init__(self, rows: list[SimpleNamespace]) -> None:
-        self.rows = rows
-
-    def events(
-        self, owner: str | None, job_id: str | None, before: int | None, limit: int
-    ) -> list[SimpleNamespace]:
-        got = [
-            r
-            for r in self.rows
-            if (owner is None or r.owner == owner)
-            and (job_id is None or r.job_id == job_id)
-            and (before is None or r.id < before)
-        ]
-        return sorted(got, key=lambda r: -r.id)[:limit]
-
-
-def _row(i: int, owner: str, job_id: str) -> SimpleNamespace:
-    return SimpleNamespace(
-        id=i,
+def _row(i: int, owner: str, job_id: str) -> dict[str, Any]:
+    return dict(
         time=86_400.0 + i,
         owner=owner,
         action="job.cancel",
@@ -48,45 +34,51 @@ def _row(i: int, owner: str, job_id: str) -> SimpleNamespace:
     )
 
 
-# ids 1..120: alice's are the odd ones below 100 (50 rows) and 101..120 (20 rows); bob has the rest
-ROWS = [_row(i, "alice" if i % 2 or i > 100 else "bob", f"j{i % 3}") for i in range(1, 121)]
-CTX = SimpleNamespace(
-    settings=SimpleNamespace(audit_readers=["admin"]), store=SimpleNamespace(audit=_Audit(ROWS))
-)
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """ids 1..120 (written in order on a fresh database): alice's are the odd ones below 100
+    (50 rows) and 101..120 (20 rows); bob has the rest."""
+    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('audit')}/ringtrain.db")
+    migrate(engine)
+    store = Store(engine)
+    for i in range(1, 121):
+        store.audit.record(**_row(i, "alice" if i % 2 or i > 100 else "bob", f"j{i % 3}"))
+    yield SimpleNamespace(settings=Settings(audit_readers=["admin"]), store=store)
+    engine.dispose()
 
 
-def _get(me: str, **kw: Any) -> AuditPage:
+def _get(ctx: Any, me: str, **kw: Any) -> AuditPage:
     args: dict[str, Any] = {"job_id": None, "owner": None, "before": None, "limit": 100, **kw}
-    return asyncio.run(audit(CTX, me, **args))  # type: ignore[arg-type]
+    return asyncio.run(audit(ctx, me, **args))  # type: ignore[arg-type]
 
 
-def test_pages_end_exactly_at_the_last_row() -> None:
+def test_pages_end_exactly_at_the_last_row(ctx: Any) -> None:
     """70 rows in pages of 35: two full pages and no third."""
-    first = _get("alice", limit=35)
+    first = _get(ctx, "alice", limit=35)
     assert len(first.events) == 35 and first.events[0].id == 120
     assert first.next_before == first.events[-1].id
-    second = _get("alice", limit=35, before=first.next_before)
+    second = _get(ctx, "alice", limit=35, before=first.next_before)
     assert len(second.events) == 35 and second.events[-1].id == 1
     assert second.next_before is None
 
 
-def test_the_default_page_is_a_hundred_rows() -> None:
-    page = asyncio.run(audit(CTX, "admin"))  # type: ignore[arg-type]
+def test_the_default_page_is_a_hundred_rows(ctx: Any) -> None:
+    page = asyncio.run(audit(ctx, "admin"))  # type: ignore[arg-type]
     assert len(page.events) == 100 and page.next_before == 21
 
 
-def test_the_job_filter_and_utc_times() -> None:
-    page = _get("alice", job_id="j2")
+def test_the_job_filter_and_utc_times(ctx: Any) -> None:
+    page = _get(ctx, "alice", job_id="j2")
     assert page.events and {e.job_id for e in page.events} == {"j2"}
     assert {e.owner for e in page.events} == {"alice"}
     top = page.events[0]  # id 119
     assert top.id == 119 and top.time == datetime(1970, 1, 2, 0, 1, 59, tzinfo=UTC)
 
 
-def test_only_readers_see_other_owners() -> None:
-    assert {e.owner for e in _get("alice").events} == {"alice"}
-    assert len(_get("alice", owner="alice").events) == 70
-    assert {e.owner for e in _get("admin", owner="bob").events} == {"bob"}
+def test_only_readers_see_other_owners(ctx: Any) -> None:
+    assert {e.owner for e in _get(ctx, "alice").events} == {"alice"}
+    assert len(_get(ctx, "alice", owner="alice").events) == 70
+    assert {e.owner for e in _get(ctx, "admin", owner="bob").events} == {"bob"}
     with pytest.raises(ApiError) as e:
-        _get("bob", owner="alice")
+        _get(ctx, "bob", owner="alice")
     assert e.value.status == 403 and e.value.field == "owner"

@@ -1,5 +1,6 @@
 """The health routes and the background Ray check, driven in process (route functions called
-directly, the lifespan on a fake context, no server and no Ray): a Ray that goes down after a good
+directly, the lifespan on a plain context over a real store on a temporary SQLite file; no server, and a
+stand-in launcher instead of a Ray cluster): a Ray that goes down after a good
 check is seen as down on the next one, recovers cleanly, and /healthz, /readyz and /metrics say so
 with the documented fields and status codes."""
 
@@ -7,16 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from api.routers.health import RayWatch, healthz, readyz, watch_ray
 from api.telemetry import Telemetry
+from service.db import make_engine, migrate
 from service.launcher import ClusterInfo
+from service.settings import Settings
+from service.store import Store
 
 
 class _Ray:
-    """A launcher whose cluster call answers or raises, as the test says."""
+    """A launcher whose cluster call answers or raises, as the test says (a stand-in: the real
+    ones need a Ray head or a Kubernetes API)."""
 
     def __init__(self) -> None:
         self.down: str | None = None
@@ -27,11 +36,12 @@ class _Ray:
         return ClusterInfo()
 
 
-def _store(ping: Any = None) -> Any:
-    return SimpleNamespace(
-        jobs=SimpleNamespace(counts_by_state=lambda: {}),
-        db=SimpleNamespace(ping=ping or (lambda: None)),
-    )
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    engine = make_engine(f"sqlite:///{tmp_path}/ringtrain.db")
+    migrate(engine)
+    yield Store(engine)
+    engine.dispose()
 
 
 def test_ray_going_down_after_a_good_check_is_seen_and_recovery_clears_the_error() -> None:
@@ -70,28 +80,28 @@ def test_healthz_standalone_reports_leader_and_the_ray_error() -> None:
     }
 
 
-def test_readyz_is_503_naming_the_store_when_it_fails() -> None:
-    def ping() -> None:
-        raise ConnectionError("db gone")
-
-    ok = asyncio.run(readyz(SimpleNamespace(store=_store())))  # type: ignore[arg-type]
+def test_readyz_is_503_naming_the_store_when_it_fails(store: Store, tmp_path: Path) -> None:
+    ok = asyncio.run(readyz(SimpleNamespace(store=store)))  # type: ignore[arg-type]
     assert ok.status_code == 200 and json.loads(ok.body) == {"status": "ready", "store": "ok"}
-    bad = asyncio.run(readyz(SimpleNamespace(store=_store(ping))))  # type: ignore[arg-type]
+    # a real store whose database cannot be opened (its file path is a directory)
+    gone = Store(make_engine(f"sqlite:///{tmp_path}"))
+    bad = asyncio.run(readyz(SimpleNamespace(store=gone)))  # type: ignore[arg-type]
     body = json.loads(bad.body)
     assert bad.status_code == 503 and body["error"]["code"] == "not_ready"
-    assert body["error"]["details"] == [
-        {"component": "store", "message": "ConnectionError: db gone"}
-    ]
+    [detail] = body["error"]["details"]
+    assert detail["component"] == "store"
+    # the message is the store's own error (its wording below that is SQLite's)
+    assert detail["message"].startswith("StoreError: ") and "database" in detail["message"]
 
 
-def test_the_lifespan_wires_ray_down_and_the_ray_gauges() -> None:
+def test_the_lifespan_wires_ray_down_and_the_ray_gauges(store: Store) -> None:
     """Under `watch_ray`, a down Ray makes `ctx.ray_down()` give the reason (requests then fail at
     once instead of waiting) and /metrics export ringtrain_ray_up 0 with a fresh check age."""
     ray = _Ray()
     ray.down = "head gone"
-    tel = Telemetry(_store())
+    tel = Telemetry(store)
     ctx = SimpleNamespace(
-        settings=SimpleNamespace(ray_check_interval_s=60.0, ray_check_timeout_s=2.0),
+        settings=Settings(ray_check_interval_s=60.0, ray_check_timeout_s=2.0),
         launcher=ray,
         telemetry=tel,
         ray_down=lambda: None,
