@@ -95,10 +95,20 @@ def _check_points(out: list[dict[str, Any]], job: Any) -> None:
             assert [p["step"] for p in mine] == steps and {p["rank"] for p in mine} == {rank}
             assert all(p["value"] > 0 for p in mine), (rank, name)
     seconds = {p["step"]: p["value"] for p in out[0]["points"] if p["name"] == "step_time_s"}
-    tokens = job.train.batch_size * job.data.seq_len
     for p in out[0]["points"]:
         if p["name"] == "tokens_per_s":
-            assert p["value"] * seconds[p["step"]] == pytest.approx(tokens, rel=1e-6)
+            tokens = job.train.batch_size * _length(job, p["step"])
+            assert p["value"] * seconds[p["step"]] == pytest.approx(tokens, rel=1e-6), p
+
+
+def _length(job: Any, step: int) -> int:
+    """The context length of the batch behind step `step`'s points: a curriculum's stages first."""
+    end = 0
+    for stage in getattr(job.data, "curriculum", None) or []:
+        end += stage.steps
+        if step <= end:
+            return int(stage.seq_len)
+    return int(job.data.seq_len)
 
 
 def _compare(name: str, got: dict[str, Any], ref: dict[str, Any], steps: int = K) -> None:
