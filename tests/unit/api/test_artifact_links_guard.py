@@ -22,10 +22,10 @@ from api.errors import ApiError
 from api.ratelimit import Limit, RateLimiter
 from api.routers import artifacts as art
 from service.artifacts import model_dir
-from service.db import make_engine, migrate
 from service.settings import Settings
 from service.store import JobNotFound, Store
 from tests.support.api_harness import ALICE
+from tests.support.stores import sqlite_store
 from workers.config import JobSpec
 from workers.protocol import JobState, StateItem
 
@@ -39,21 +39,18 @@ SPEC = JobSpec.model_validate(
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, str]]:
     """A real store holding one of alice's jobs, which ran and SUCCEEDED (as its driver reports
     it), and that job's id."""
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('artifacts')}/ringtrain.db")
-    migrate(engine)
-    store = Store(engine)
-    job = store.jobs.create("alice", SPEC, "ingest-token")
-    now = time.time()
-    store.metrics.apply_report(
-        job.id,
-        [
-            StateItem(seq=1, state=JobState.RUNNING, time=now, reason="placed"),
-            StateItem(seq=2, state=JobState.SUCCEEDED, time=now, reason="done"),
-        ],
-    )
-    assert store.jobs.get(job.id).state == "SUCCEEDED"
-    yield store, job.id
-    engine.dispose()
+    with sqlite_store(tmp_path_factory.mktemp("artifacts")) as store:
+        job = store.jobs.create("alice", SPEC, "ingest-token")
+        now = time.time()
+        store.metrics.apply_report(
+            job.id,
+            [
+                StateItem(seq=1, state=JobState.RUNNING, time=now, reason="placed"),
+                StateItem(seq=2, state=JobState.SUCCEEDED, time=now, reason="done"),
+            ],
+        )
+        assert store.jobs.get(job.id).state == "SUCCEEDED"
+        yield store, job.id
 
 
 @pytest.fixture

@@ -13,17 +13,15 @@ from typing import Any
 import pytest
 
 from api.audit import AuditMiddleware, _location_job
-from service.db import make_engine, migrate
 from service.models import AuditEvent
 from service.store import Store
+from tests.support.stores import sqlite_store
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    engine = make_engine(f"sqlite:///{tmp_path}/ringtrain.db")
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
+    with sqlite_store(tmp_path) as store:
+        yield store
 
 
 def _through(

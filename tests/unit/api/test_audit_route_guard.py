@@ -15,9 +15,8 @@ import pytest
 
 from api.errors import ApiError
 from api.routers.audit import AuditPage, audit
-from service.db import make_engine, migrate
 from service.settings import Settings
-from service.store import Store
+from tests.support.stores import sqlite_store
 
 
 def _row(i: int, owner: str, job_id: str) -> dict[str, Any]:
@@ -38,13 +37,10 @@ def _row(i: int, owner: str, job_id: str) -> dict[str, Any]:
 def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """ids 1..120 (written in order on a fresh database): alice's are the odd ones below 100
     (50 rows) and 101..120 (20 rows); bob has the rest."""
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('audit')}/ringtrain.db")
-    migrate(engine)
-    store = Store(engine)
-    for i in range(1, 121):
-        store.audit.record(**_row(i, "alice" if i % 2 or i > 100 else "bob", f"j{i % 3}"))
-    yield SimpleNamespace(settings=Settings(audit_readers=["admin"]), store=store)
-    engine.dispose()
+    with sqlite_store(tmp_path_factory.mktemp("audit")) as store:
+        for i in range(1, 121):
+            store.audit.record(**_row(i, "alice" if i % 2 or i > 100 else "bob", f"j{i % 3}"))
+        yield SimpleNamespace(settings=Settings(audit_readers=["admin"]), store=store)
 
 
 def _get(ctx: Any, me: str, **kw: Any) -> AuditPage:

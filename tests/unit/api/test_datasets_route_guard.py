@@ -18,10 +18,10 @@ import pytest
 from api.errors import ApiError
 from api.routers import datasets as ds
 from service.datasets import DatasetService, PrepareRequest
-from service.db import make_engine, migrate
 from service.launcher import DriverInfo, DriverStatus, TaskRequest
 from service.settings import Settings
 from service.store import Store
+from tests.support.stores import sqlite_store
 
 
 class _Cluster:
@@ -49,10 +49,8 @@ class _Cluster:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """One database for the module: each test reads only the datasets it created."""
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('datasets')}/ringtrain.db")
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
+    with sqlite_store(tmp_path_factory.mktemp("datasets")) as store:
+        yield store
 
 
 class _Req:

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from api.routers import events as events_route
-from service.db import make_engine, migrate
 from service.hub import Hub
 from service.settings import Settings
 from service.store import EventBus, Store
+from tests.support.stores import sqlite_store
 from workers.config import JobSpec
 from workers.protocol import JobState, MetricItem, StateItem
 
@@ -38,10 +38,8 @@ def wired(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, lis
     hubs: list[Hub] = []
     bus = EventBus()
     bus.listen("sse", lambda job_id, events: hubs[-1].publish(job_id, events))
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('events')}/ringtrain.db")
-    migrate(engine)
-    yield Store(engine, bus), hubs
-    engine.dispose()
+    with sqlite_store(tmp_path_factory.mktemp("events"), bus) as store:
+        yield store, hubs
 
 
 @pytest.fixture

@@ -17,10 +17,11 @@ import pytest
 
 from api.routers.health import RayWatch, healthz, readyz, watch_ray
 from api.telemetry import Telemetry
-from service.db import make_engine, migrate
+from service.db import make_engine
 from service.launcher import ClusterInfo
 from service.settings import Settings
 from service.store import Store
+from tests.support.stores import sqlite_store
 
 
 class _Ray:
@@ -38,10 +39,8 @@ class _Ray:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    engine = make_engine(f"sqlite:///{tmp_path}/ringtrain.db")
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
+    with sqlite_store(tmp_path) as store:
+        yield store
 
 
 def test_ray_going_down_after_a_good_check_is_seen_and_recovery_clears_the_error() -> None:

@@ -18,8 +18,8 @@ from api.errors import ApiError
 from api.ratelimit import Limit, RateLimiter
 from api.routers.reports import _check_ingest, report
 from api.telemetry import Telemetry
-from service.db import make_engine, migrate
 from service.store import Store, hash_token
+from tests.support.stores import sqlite_store
 from workers.config import JobSpec
 from workers.protocol import JobState, MetricItem, ReportBatch, StateItem
 
@@ -31,10 +31,8 @@ SPEC = JobSpec.model_validate(
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """One database for the module: each test reports to jobs of its own."""
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('reports')}/ringtrain.db")
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
+    with sqlite_store(tmp_path_factory.mktemp("reports")) as store:
+        yield store
 
 
 @pytest.fixture

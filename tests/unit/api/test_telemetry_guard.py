@@ -19,9 +19,10 @@ import pytest
 
 from api import telemetry as tel
 from api.telemetry import JsonFormatter, Telemetry, TelemetryMiddleware
-from service.db import make_engine, migrate
+from service.db import make_engine
 from service.leader import Snapshot
 from service.store import Store
+from tests.support.stores import sqlite_store
 from workers.config import JobSpec
 from workers.protocol import JobState, StateItem
 
@@ -33,16 +34,13 @@ SPEC = JobSpec.model_validate(
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """Five jobs: three QUEUED, two whose drivers reported RUNNING."""
-    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('telemetry')}/ringtrain.db")
-    migrate(engine)
-    store = Store(engine)
-    for i in range(5):
-        job = store.jobs.create("alice", SPEC, f"ingest-{i}")
-        if i >= 3:
-            up = StateItem(seq=1, state=JobState.RUNNING, time=time.time(), reason="placed")
-            store.metrics.apply_report(job.id, [up])
-    yield store
-    engine.dispose()
+    with sqlite_store(tmp_path_factory.mktemp("telemetry")) as store:
+        for i in range(5):
+            job = store.jobs.create("alice", SPEC, f"ingest-{i}")
+            if i >= 3:
+                up = StateItem(seq=1, state=JobState.RUNNING, time=time.time(), reason="placed")
+                store.metrics.apply_report(job.id, [up])
+        yield store
 
 
 @pytest.fixture

@@ -14,17 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from service.db import make_engine, migrate
 from service.leader import Leadership, _pid_alive, sqlite_holder_gone
 from service.store import Deposed, LeaseView, Store
+from tests.support.stores import sqlite_store
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    engine = make_engine(f"sqlite:///{tmp_path}/lease.db")
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
+    with sqlite_store(tmp_path) as store:
+        yield store
 
 
 def view(expires_at: float, now: float, host: str = "h", pid: int | None = 1) -> LeaseView:

@@ -10,18 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from service.db import make_engine, migrate
 from service.store import Store
+from tests.support.stores import sqlite_store
 from tests.unit.service.test_store import SPEC, metric, state
 from workers.protocol import JobState, LogItem
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    engine = make_engine(f"sqlite:///{tmp_path}/store.db")
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
+    with sqlite_store(tmp_path) as store:
+        yield store
 
 
 def test_changed_since_is_strictly_after_and_gives_the_next_seq(store: Store) -> None:

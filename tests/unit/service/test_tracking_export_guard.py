@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from tenacity import Retrying, stop_after_attempt
 
-from service.db import make_engine, migrate
 from service.store import Event, Store
 from service.tracking import (
     Exporter,
@@ -30,6 +29,7 @@ from service.tracking import (
     _SinkWorker,
     flatten,
 )
+from tests.support.stores import sqlite_store
 from tests.unit.service.test_store import SPEC, metric, state
 
 JOB = JobView(
@@ -227,10 +227,8 @@ class RecordingSink:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    engine = make_engine(f"sqlite:///{tmp_path}/store.db")
-    migrate(engine)
-    yield Store(engine)
-    engine.dispose()
+    with sqlite_store(tmp_path) as store:
+        yield store
 
 
 def worker(store: Store, sink: RecordingSink, notes: list[str]) -> _SinkWorker:
