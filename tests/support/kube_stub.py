@@ -25,6 +25,8 @@ class KubeStub:
     def __init__(self) -> None:
         self.rayjobs: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, tuple[dict[str, str], str]] = {}  # name → (labels, log)
+        self.pod_created: dict[str, str] = {}  # name → creationTimestamp, where a test sets one
+        self.log_status = 200  # what reading a log answers (400: the container is not running)
         self.deleted: list[str] = []
         self.calls: list[tuple[str, str]] = []  # (method, path) of every authenticated call
         self.reads: Counter[str] = (
@@ -106,14 +108,18 @@ class KubeStub:
             key, _, want = query["labelSelector"][0].partition("=")
             return 200, {
                 "items": [
-                    {"metadata": {"name": n, "labels": lb}}
+                    {"metadata": {"name": n, "labels": lb, **self._created(n)}}
                     for n, (lb, _) in self.pods.items()
                     if lb.get(key) == want
                 ]
             }
         if path.startswith(pods + "/") and path.endswith("/log"):
-            return 200, self.pods[path.split("/")[-2]][1]
+            return self.log_status, self.pods[path.split("/")[-2]][1]
         return 404, {"kind": "Status", "code": 404}
+
+    def _created(self, pod: str) -> dict[str, str]:
+        when = self.pod_created.get(pod)
+        return {} if when is None else {"creationTimestamp": when}
 
     def set(self, name: str, *, suspend: bool = False, **status: str) -> None:
         """Play Kueue (admission: suspend false; preemption: true again) and KubeRay (status). A spec change bumps

@@ -14,12 +14,8 @@ to the task's CPUs (an eighth of the pod for 4 CPUs), with unbuffered output.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -37,6 +33,8 @@ from service.kuberay_jobs import (
     status_of,
 )
 from service.launcher import DriverStatus, TaskRequest
+from tests.support.kube_stub import KUBE_TOKEN, KubeStub
+from tests.support.kube_stub import NS as STUB_NS
 from tests.unit.service.test_kuberay_jobs import GPU_SPEC, request, template
 
 NS = "ml-jobs"
@@ -111,70 +109,24 @@ def test_a_failed_rayjob_says_kuberays_reason_and_message() -> None:
 
 
 @pytest.fixture
-def api() -> Iterator[tuple[str, dict[str, Any]]]:
-    """Pods of a RayJob's submitter Job (three tries, not in age order) and their logs;
-    `state["log_code"]` is what the log route answers; a RayJob exists already (POST: 409) and is
-    gone (DELETE, GET: 404). `state["asked"]` records the requests other than GETs of pods."""
-    state: dict[str, Any] = {"log_code": 200, "asked": []}
-    pods = [
-        {"metadata": {"name": "sub-b", "creationTimestamp": "2026-11-29T10:00:00Z"}},
-        {"metadata": {"name": "sub-a", "creationTimestamp": "2026-11-29T11:30:00Z"}},
-        {"metadata": {"name": "sub-c", "creationTimestamp": "2026-11-29T09:00:00Z"}},
-    ]
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a: Any) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.answer("POST", 409)
-
-        def do_DELETE(self) -> None:
-            self.answer("DELETE", 404)
-
-        def answer(self, method: str, code: int) -> None:
-            state["asked"].append(f"{method} {self.path}")
-            raw = b'{"kind": "Status"}'
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def do_GET(self) -> None:
-            if self.path.startswith("/apis/"):
-                self.answer("GET", 404)
-                return
-            state["asked"].append(self.path)
-            if self.path.startswith(f"/api/v1/namespaces/{NS}/pods?"):
-                code, body = 200, json.dumps({"items": pods if "rj-1" in self.path else []})
-            elif self.path.endswith("/log"):
-                name = self.path.split("/")[-2]
-                code, body = state["log_code"], f"log of {name}"
-            else:
-                code, body = 404, "{}"
-            raw = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+def kube() -> Iterator[KubeStub]:
+    """The Kubernetes API on loopback, with a RayJob's submitter Job tried three times: its pods'
+    names are not in age order."""
+    stub = KubeStub()
+    for name, created in (("sub-b", "10:00"), ("sub-a", "11:30"), ("sub-c", "09:00")):
+        stub.pods[name] = ({"job-name": "rj-1"}, f"log of {name}")
+        stub.pod_created[name] = f"2026-11-29T{created}:00Z"
+    yield stub
+    stub.server.shutdown()
 
 
-def test_logs_are_the_newest_submitter_pods(api: tuple[str, dict[str, Any]]) -> None:
-    url, state = api
-    launcher = KubeRayJobLauncher(KubeAPI(url, "tok"), NS, template())
+def test_logs_are_the_newest_submitter_pods(kube: KubeStub) -> None:
+    launcher = KubeRayJobLauncher(KubeAPI(kube.url, KUBE_TOKEN), STUB_NS, template())
     assert launcher.logs("rj-1") == "log of sub-a"
-    assert state["asked"][0] == f"/api/v1/namespaces/{NS}/pods?labelSelector=job-name%3Drj-1"
+    pods = f"/api/v1/namespaces/{STUB_NS}/pods"
+    assert kube.calls == [("GET", pods), ("GET", f"{pods}/sub-a/log")]
     assert launcher.logs("rj-2") == ""  # no pod yet
-    state["log_code"] = 400  # the container is not running yet
+    kube.log_status = 400  # the container is not running yet
     assert launcher.logs("rj-1") == ""
 
 
@@ -232,20 +184,25 @@ def test_a_task_books_one_cpu_pod_of_its_size() -> None:
     assert limits["containers"][0]["resources"]["limits"] == {"cpu": "32", "memory": "256Gi"}
 
 
-def test_resubmitting_and_deleting_twice_are_no_errors(api: tuple[str, dict[str, Any]]) -> None:
+def test_resubmitting_and_deleting_twice_are_no_errors(kube: KubeStub) -> None:
     """After a control-plane crash the same attempt's RayJob is created again (409: it exists) and
     a stop may come after KubeRay's TTL removed it (404)."""
-    url, state = api
-    launcher = KubeRayJobLauncher(KubeAPI(url, "tok"), NS, template())
-    assert launcher.submit(request(GPU_SPEC)) == "ringtrain-j0123456789ab-0"
-    launcher.stop("ringtrain-j0123456789ab-0")
+    launcher = KubeRayJobLauncher(KubeAPI(kube.url, KUBE_TOKEN), STUB_NS, template())
+    name = "ringtrain-j0123456789ab-0"
+    assert launcher.submit(request(GPU_SPEC)) == name
+    assert launcher.submit(request(GPU_SPEC)) == name  # 409 from the API server
+    launcher.stop(name)
+    launcher.stop(name)  # 404 from the API server
     assert launcher.find("j0123456789ab", 0) is None
-    rayjobs = f"/apis/ray.io/v1/namespaces/{NS}/rayjobs"
-    assert state["asked"] == [
-        f"POST {rayjobs}",
-        f"DELETE {rayjobs}/ringtrain-j0123456789ab-0?propagationPolicy=Background",
-        f"GET {rayjobs}/ringtrain-j0123456789ab-0",
+    rayjobs = f"/apis/ray.io/v1/namespaces/{STUB_NS}/rayjobs"
+    assert kube.calls == [
+        ("POST", rayjobs),
+        ("POST", rayjobs),
+        ("DELETE", f"{rayjobs}/{name}"),
+        ("DELETE", f"{rayjobs}/{name}"),
+        ("GET", f"{rayjobs}/{name}"),
     ]
+    assert kube.deleted == [name]
 
 
 def test_the_token_file_wins_and_the_token_is_the_fallback(tmp_path: Path) -> None:
