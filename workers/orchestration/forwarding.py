@@ -21,12 +21,6 @@ from workers.protocol import MetricPoint
 log = logging.getLogger("ringtrain.driver")
 
 
-# Why points are held even when every rank answered: each rank's buffer is in step order, but the
-# ranks answer a drain at slightly different moments, so one batch can end at step 124 on rank 0
-# and at step 123 on rank 1, whose step-124 points then come with the next drain. A point goes out
-# once every rank of the group has reported its step (`_seen`); a rank's later points can then only
-# be at that step or later, so what goes out never steps backwards.
-
 # How long one drain waits for the ranks' buffers. A rank that answers later (a long step, a
 # stalled process) keeps its call: the next drain collects that batch instead of asking again,
 # so a late answer is forwarded, never dropped (its buffer was already emptied into it). Until it
@@ -35,6 +29,12 @@ DRAIN_WAIT_S = 10.0
 
 
 class MetricForwarder:
+    """Points go out in step order even when every rank answered: each rank's buffer is in step
+    order, but the ranks answer a drain at slightly different moments, so one batch can end at step
+    124 on rank 0 and at step 123 on rank 1, whose step-124 points then come with the next drain. A
+    step goes out once every rank of the group has reported it (`_seen`); a rank's later points can
+    then only be at that step or later."""
+
     def __init__(self, reporter: Reporter, delivered: Delivered) -> None:
         self.reporter = reporter
         self.delivered = delivered
@@ -53,7 +53,7 @@ class MetricForwarder:
         skipped. A rank that does not answer within DRAIN_WAIT_S is asked nothing new, and the
         points of the ranks that did answer wait for its answer (a later drain), unless this is the
         group's last drain (`final`, `tolerate_dead`): then they go out without it. Otherwise a
-        step goes out once every rank has reported it (see the note above DRAIN_WAIT_S)."""
+        step goes out once every rank has reported it (see the class)."""
         actors = group.ranked_actors()
         refs = [self._pending.pop(a, None) or a.drain_metrics.remote() for a in actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=DRAIN_WAIT_S)
@@ -71,7 +71,7 @@ class MetricForwarder:
                     lost.__cause__ = e
                 continue
             if batch:
-                self._seen[actor] = max(self._seen.get(actor, batch[-1].step), batch[-1].step)
+                self._seen[actor] = max(self._seen.get(actor, -1), batch[-1].step)
             self._held += [(p.step, r, p) for p in batch if p.rank is not None or r == 0]
         last = final or tolerate_dead
         if last:  # nobody asks this group again: what it has not answered is not waited for
@@ -81,7 +81,7 @@ class MetricForwarder:
         self._held.sort(key=lambda t: t[:2])  # stable: a rank's points keep their order
         if last or lost is not None:  # a lost rank ends the group: salvage() collects the rest
             points, self._held = self._held, []
-        else:  # only steps every rank has reached (see above)
+        else:  # only steps every rank has reached (see the class)
             floor = min(self._seen.get(a, -1) for a in actors)
             points = [t for t in self._held if t[0] <= floor]
             self._held = self._held[len(points) :]
